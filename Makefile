@@ -1,0 +1,25 @@
+# Two commands: `make lab` (set up, then JupyterLab on 127.0.0.1) and `make test` (set up, then every test).
+PYTHON_BOOT ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LAB_PORT ?= 8888
+# Horovod's Keras integration needs tf-keras (Keras 2): chosen before TensorFlow is imported (README).
+export TF_USE_LEGACY_KERAS := 1
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: setup lab test bench clean
+
+setup:
+	@PYTHON_BOOT=$(PYTHON_BOOT) VENV=$(VENV) bash scripts/setup_env.sh
+
+lab: setup
+	@VENV=$(VENV) LAB_PORT=$(LAB_PORT) bash scripts/lab.sh
+
+test: setup
+	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=900 tests notebooks
+
+bench: setup
+	$(PY) -m kit.bench all
+
+clean:
+	rm -rf $(VENV) .pytest_cache

