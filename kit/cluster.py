@@ -132,9 +132,7 @@ def _check_args(n, backend, timeout, mpiexec):
 
 def _gpu_plan(local_size: int, share_gpus: bool) -> list[str]:
     gpus = sysinfo.visible_gpus()
-    if not gpus:
-        print("kit.cluster: no GPU found: engines run on the CPU.")
-    elif local_size > len(gpus) and not share_gpus:
+    if gpus and local_size > len(gpus) and not share_gpus:
         raise ClusterError(f"{local_size} engines per host but only {len(gpus)} GPU(s) visible: start at most "
                            f"{len(gpus)} engines, or pass share_gpus=True to put several engines on one GPU")
     return gpus
@@ -247,13 +245,16 @@ class Cluster:
     def __init__(self, n=2, backend="gloo", *, timeout=DEFAULT_TIMEOUT, share_gpus=False, threads=None,
                  mpiexec=None, ip=LOCALHOST, quiet=False):
         _check_args(n, backend, timeout, mpiexec)
+        if ip == LOCALHOST:
+            _gpu_plan(n, share_gpus)  # all n engines on this host: fail before starting anything
         self.n, self.backend, self.timeout = n, backend, float(timeout)
         self.share_gpus, self.threads, self.mpiexec, self.ip, self.quiet = share_gpus, threads, mpiexec, ip, quiet
         self.client = self.view = self.slots = None
-        self.dead: dict[int, str] = {}   # rank -> how it died, filled by the watchdog
-        self._ipp = self._rendezvous = self._profile = self._watchdog = None
+        self.dead: dict[int, str] = {}   # rank -> how it died (see poll_dead), first death first
+        self._ipp = self._rendezvous = self._profile = None
         self._procs: dict[int, float] = {}
-        self._stopping = threading.Event()
+        self._pids: dict[int, int] = {}
+        self._before: dict[int, float] = {}
         self._stopped = True
 
     # -- public API
@@ -274,9 +275,8 @@ class Cluster:
         import ipyparallel as ipp
         if not self._stopped:
             return self
-        self._stopped, self.dead = False, {}
-        self._stopping.clear()
-        before = _descendants()
+        self._stopped, self.dead, self._procs, self._pids = False, {}, {}, {}
+        self._before = _descendants()
         _LIVE.add(self)
         t0 = time.time()
         try:
@@ -295,8 +295,7 @@ class Cluster:
             self.client = self._ipp.start_and_connect_sync(n=self.n)
             self.client.wait_for_engines(self.n, timeout=max(60, self.timeout))
             self._setup_engines()
-            self._procs = {p: c for p, c in _descendants().items() if p not in before}
-            self._start_watchdog()
+            self._procs = self._new_processes()
             self._check_horovod()
         except BaseException:
             self.stop()
@@ -310,9 +309,8 @@ class Cluster:
         if self._stopped:
             return
         self._stopped = True
-        self._stopping.set()
         _LIVE.discard(self)
-        procs = dict(self._procs) or {p: c for p, c in _descendants().items()}
+        procs = dict(self._procs) or self._new_processes()  # start may have failed half-way
         if self.client is not None:
             try:
                 self.client.close()
@@ -355,18 +353,28 @@ class Cluster:
         return ranks
 
     def wait(self, async_result, timeout: float | None = None):
-        """Wait for an AsyncResult; raise RankDiedError naming the rank if an engine dies meanwhile."""
-        deadline = time.monotonic() + (timeout or 10 * 365 * 86400)
-        while not async_result.ready():
-            if self.dead:
-                async_result.wait(timeout=self.timeout)  # survivors' collectives fail within the timeout
-                raise self._died_error()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no result after {timeout} s")
-            async_result.wait(timeout=0.2)
-        if self.dead:
-            raise self._died_error()
-        return async_result.get()
+        """Return an AsyncResult's value; if an engine died, raise RankDiedError naming its rank."""
+        from ipyparallel.error import CompositeError, EngineError
+        try:
+            return async_result.get(timeout=timeout)
+        except (CompositeError, EngineError) as e:
+            if self.poll_dead():
+                raise self._died_error() from e
+            raise
+
+    def poll_dead(self) -> dict[int, str]:
+        """Check every engine process now; return {rank: what happened} for those that died (first first)."""
+        import psutil
+        for rank, pid in (self._pids or {}).items():
+            if rank in self.dead:
+                continue
+            try:
+                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                gone = True
+            if gone:
+                self.dead[rank] = f"engine {self.engine_of(rank)} (pid {pid}) exited"
+        return self.dead
 
     def __enter__(self):
         return self.start()
@@ -375,7 +383,8 @@ class Cluster:
         self.stop()
 
     def __repr__(self):
-        state = "stopped" if self._stopped else f"running, dead ranks {sorted(self.dead)}" if self.dead else "running"
+        state = "stopped" if self._stopped else f"broken, dead ranks {sorted(self.poll_dead())}" if self.poll_dead() \
+            else "running"
         return f"<kit.cluster.Cluster n={self.n} backend={self.backend!r} {state}>"
 
     # -- internals
@@ -389,7 +398,7 @@ class Cluster:
             for e in ids:
                 if self.slots[e].rank != info[e]["mpi"]["rank"]:
                     raise ClusterError(f"mpiexec placed ranks in an unexpected order: {info}")
-        self._pids = {self.slots[e].rank: info[e]["pid"] for e in ids}
+        self._pids = {self.slots[e].rank: info[e]["pid"] for e in sorted(ids, key=lambda e: self.slots[e].rank)}
         local_size = max(s.local_size for s in self.slots.values())
         gpus = _gpu_plan(local_size, self.share_gpus)
         self._gpus = gpus
@@ -411,7 +420,9 @@ class Cluster:
             p.get(timeout=self.timeout)
         self.view = self.client[[self.engine_of(r) for r in range(self.n)]]
         self.view.block = True
-        self.view.activate()  # %%px / %px now target this job
+        if _in_ipython():
+            self.view.activate()  # %%px / %px now target this job
+            _install_ipython_hook()
 
     def _check_horovod(self):
         out = self.wait(self.view.apply_async(_engine_check_horovod), timeout=max(120, 2 * self.timeout))
@@ -421,34 +432,42 @@ class Cluster:
                 raise ClusterError(f"engine {eid}: Horovod says rank {r['rank']} of {r['size']} "
                                    f"(allreduce of ones = {r['sum']}), expected rank {want.rank} of {self.n}")
 
-    def _start_watchdog(self):
-        import psutil
-        procs = {}
-        for rank, pid in self._pids.items():
-            try:
-                procs[rank] = psutil.Process(pid)
-            except psutil.Error:
-                self.dead[rank] = "gone before the watchdog started"
-
-        def watch():
-            while not self._stopping.wait(0.25):
-                for rank, p in procs.items():
-                    if rank not in self.dead and (not p.is_running() or p.status() == psutil.STATUS_ZOMBIE):
-                        self.dead[rank] = f"engine {self.engine_of(rank)} (pid {p.pid}) exited"
-        self._watchdog = threading.Thread(target=watch, daemon=True, name="kit-watchdog")
-        self._watchdog.start()
+    def _new_processes(self) -> dict[int, float]:
+        return {p: c for p, c in _descendants().items() if p not in self._before}
 
     def _died_error(self) -> RankDiedError:
-        what = "; ".join(f"rank {r}: {why}" for r, why in sorted(self.dead.items()))
-        return RankDiedError(f"rank {', '.join(map(str, sorted(self.dead)))} died ({what}). The job is broken: "
-                             "run cluster.restart() for a fresh one (no kernel restart needed).")
+        (first, why), *rest = self.dead.items()
+        then = f"; then rank(s) {', '.join(str(r) for r, _ in rest)} went down with it" if rest else ""
+        return RankDiedError(f"rank {first} died ({why}){then}. The job is broken: run cluster.restart() for a "
+                             "fresh one (no kernel restart needed).")
 
     def _summary(self, seconds):
-        where = f"GPUs {','.join(self._gpus)}" if self._gpus else "CPU only"
+        where = f"GPUs {','.join(self._gpus)}" if self._gpus else "CPU only (no GPU found)"
         same = all(e == s.rank for e, s in self.slots.items())
         return (f"kit.cluster: {self.n} engines as one {self.backend} job of size {self.n} "
                 f"({'engine id = rank' if same else 'see cluster.rank_of(eid)'}), {where}, "
                 f"{self._threads} thread(s) per engine, started in {seconds:.1f} s")
+
+
+def _install_ipython_hook():
+    """Make a %%px cell that failed because an engine died say which rank died and what to do."""
+    from IPython import get_ipython
+    from ipyparallel.error import CompositeError, EngineError
+
+    def explain(shell, etype, value, tb, tb_offset=None):
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+        for c in list(_LIVE):
+            if c.poll_dead():
+                print(f"kit.cluster: {c._died_error()}", file=sys.stderr)
+    get_ipython().set_custom_exc((CompositeError, EngineError), explain)
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
 
 
 def _free_port(ip: str) -> int:
