@@ -14,7 +14,7 @@ _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from importlib import import_module as _import_module
 
 __version__ = "0.1.0"
-_SUBMODULES = ("cluster", "data", "monitor", "ps", "ring", "bench", "plots", "sysinfo", "mnist")
+_SUBMODULES = ("cluster", "datasets", "sysinfo", "data", "monitor", "ps", "ring", "bench", "plots", "mnist")
 
 
 def __getattr__(name):

@@ -1,0 +1,60 @@
+"""Benchmarks behind the README's tables: `python -m kit.bench NAME [--quick] [--out results/]`.
+
+Each benchmark writes results/NAME.json (and its plots as results/NAME*.png) and prints, as its last line,
+a one-line summary of the figures its issue asks for. Speed targets live here, never in unit tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from importlib import import_module
+from pathlib import Path
+
+from . import sysinfo
+
+# name -> "module:function"; each function takes (out_dir: Path, quick: bool) and returns (result dict, summary)
+BENCHES = {
+    "loading": "kit.data:bench",
+    "ps": "kit.ps:bench",
+    "allreduce": "kit.ring:bench",
+    "mnist": "kit.mnist:bench",
+}
+
+
+def machine() -> dict:
+    """Return what the numbers were measured on."""
+    return {"cpu_cores": sysinfo.cpu_cores(), "gpus": sysinfo.gpus(), "platform": platform.platform(),
+            "versions": sysinfo.versions(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def run(name: str, out_dir: Path, quick: bool = False) -> str:
+    """Run one benchmark, write out_dir/NAME.json, return its summary line."""
+    module, func = BENCHES[name].split(":")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    result, summary = getattr(import_module(module), func)(out_dir, quick)
+    doc = {"benchmark": name, "quick": quick, "seconds": round(time.time() - t0, 1), "machine": machine(),
+           "summary": summary, **result}
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    print(f"wrote {path}")
+    return summary
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__.splitlines()[0])
+    p.add_argument("name", choices=[*BENCHES, "all"])
+    p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the README)")
+    p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
+    a = p.parse_args(argv)
+    names = list(BENCHES) if a.name == "all" else [a.name]
+    summaries = [run(n, a.out, a.quick) for n in names]
+    for s in summaries:
+        print(s)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

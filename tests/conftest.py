@@ -1,0 +1,38 @@
+"""Shared fixtures: every test that starts processes must leave none behind."""
+import os
+import time
+
+import psutil
+import pytest
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def descendants() -> set[int]:
+    """Return the pids of every live process below this one."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture
+def no_leaks():
+    """Fail the test if it leaves a process of its own running (after a few seconds' grace)."""
+    before = descendants()
+    yield
+    deadline = time.time() + 10
+    while (left := descendants() - before) and time.time() < deadline:
+        time.sleep(0.2)
+    names = []
+    for pid in left:
+        try:
+            names.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    assert not names, "processes left running:\n" + "\n".join(names)
