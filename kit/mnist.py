@@ -1,0 +1,253 @@
+"""Horovod + Keras MNIST (notebook 04 and scripts/train_keras_mnist.py): the shared pieces of the training.
+
+    model = kit.mnist.build_model()                     # the classic Keras MNIST CNN
+    x, y = kit.mnist.shard(x, y, hvd.rank(), hvd.size()) # Horovod: each rank trains on its 1/size of the data
+    epoch0 = kit.mnist.resume(model, ckpt_dir, hvd)      # rank 0's last good checkpoint, broadcast to all ranks
+    callbacks = [..., kit.mnist.CheckpointCallback(ckpt_dir), kit.mnist.EpochLog()]   # rank 0 only
+
+The six Horovod steps themselves stay in the notebook and in the script, where they can be read.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")   # Horovod's Keras needs tf-keras (Keras 2), set before TF
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+BATCH = 128             # the classic example's batch size (per worker)
+BASE_EPOCHS = 12        # the classic example trains 12 epochs on one GPU
+BASE_LR = 1.0           # Adadelta's learning rate in the classic Keras example
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "train_keras_mnist.py"
+
+
+def keras():
+    """Return tf.keras (the Keras 2 API that Horovod supports)."""
+    import tensorflow as tf
+    return tf.keras
+
+
+# ----------------------------------------------------------------------------------- model and data
+def build_model():
+    """Return the classic Keras MNIST CNN (uncompiled)."""
+    L = keras().layers
+    return keras().Sequential([
+        keras().Input((28, 28, 1)),
+        L.Conv2D(32, 3, activation="relu"), L.Conv2D(64, 3, activation="relu"), L.MaxPooling2D(2),
+        L.Dropout(0.25), L.Flatten(), L.Dense(128, activation="relu"), L.Dropout(0.5),
+        L.Dense(10, activation="softmax")])
+
+
+def prepare(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Scale uint8 (N, 28, 28) images to float32 (N, 28, 28, 1) in [0, 1]; labels to int64."""
+    return (x.astype(np.float32) / 255.0)[..., None], y.astype(np.int64)
+
+
+def subset(x: np.ndarray, y: np.ndarray, n: int | None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Return n examples drawn without replacement (all of them if n is None or too big)."""
+    if n is None or n >= len(x):
+        return x, y
+    idx = np.random.default_rng(seed).permutation(len(x))[:n]
+    return x[idx], y[idx]
+
+
+def shard(x: np.ndarray, y: np.ndarray, rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Return rank's 1/size of the data (every size-th example from `rank`), equal-length on every rank."""
+    n = len(x) // size * size        # equal lengths: ranks must run the same number of steps (allreduce!)
+    return x[rank:n:size], y[rank:n:size]
+
+
+def epochs_for(size: int, base: int = BASE_EPOCHS) -> int:
+    """Return ceil(base / size): with size workers each epoch does size times the work of one."""
+    return math.ceil(base / size)
+
+
+def weights_digest(model) -> str:
+    """Return a short hash of every weight of `model` (equal on all ranks iff the replicas are identical)."""
+    import hashlib
+    h = hashlib.sha256()
+    for w in model.get_weights():
+        h.update(np.ascontiguousarray(w).tobytes())
+    return h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+CKPT_RE = re.compile(r"ckpt-epoch-(\d+)\.npz$")
+
+
+def optimizer_variables(opt) -> list:
+    """Return the optimizer's state variables (iteration count and slots), for either Keras optimizer API."""
+    v = opt.variables
+    return list(v() if callable(v) else v)
+
+
+def save_checkpoint(ckpt_dir, epoch: int, model, keep: int = 3) -> Path:
+    """Write weights + optimizer state after `epoch` epochs atomically (temp file + rename); keep the last few."""
+    d = Path(ckpt_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    arrays = {f"w{i}": w for i, w in enumerate(model.get_weights())}
+    arrays.update({f"o{i}": v.numpy() for i, v in enumerate(optimizer_variables(model.optimizer))})
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".npz")
+    with os.fdopen(fd, "wb") as f:
+        np.savez(f, epoch=epoch, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    path = d / f"ckpt-epoch-{epoch:04d}.npz"
+    os.replace(tmp, path)            # atomic: a reader sees the old file or the whole new one, never half
+    for old in list_checkpoints(d)[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(ckpt_dir) -> list[Path]:
+    """Return the checkpoint files in ckpt_dir, oldest first."""
+    files = [Path(p) for p in glob.glob(str(Path(ckpt_dir) / "ckpt-epoch-*.npz"))]
+    return sorted((p for p in files if CKPT_RE.search(p.name)), key=lambda p: int(CKPT_RE.search(p.name)[1]))
+
+
+def load_checkpoint(path) -> dict:
+    """Read one checkpoint into {'epoch', 'weights', 'optimizer'}; raise ValueError if it is unreadable."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            keys = set(f.files)
+            nw = sum(1 for k in keys if k.startswith("w"))
+            no = sum(1 for k in keys if k.startswith("o"))
+            return {"epoch": int(f["epoch"]), "weights": [f[f"w{i}"] for i in range(nw)],
+                    "optimizer": [f[f"o{i}"] for i in range(no)]}
+    except Exception as e:
+        raise ValueError(f"{path}: unreadable checkpoint ({type(e).__name__}: {e})") from None
+
+
+def latest_good_checkpoint(ckpt_dir, model=None) -> dict | None:
+    """Return the newest checkpoint that loads (and fits `model`); warn about and skip corrupt ones."""
+    shapes = [w.shape for w in model.get_weights()] if model is not None else None
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            state = load_checkpoint(path)
+            if shapes is not None and [w.shape for w in state["weights"]] != shapes:
+                raise ValueError(f"{path}: weights do not fit this model")
+        except ValueError as e:
+            print(f"WARNING: ignoring corrupt checkpoint {e}; trying the previous one", file=sys.stderr, flush=True)
+            continue
+        state["path"] = str(path)
+        return state
+    return None
+
+
+def restore(model, state: dict):
+    """Set the model's weights and its optimizer's state from a checkpoint dict."""
+    model.set_weights(state["weights"])
+    opt = model.optimizer
+    if not optimizer_variables(opt) or len(optimizer_variables(opt)) < len(state["optimizer"]):
+        opt.build(model.trainable_variables)          # create the slots before filling them
+    for var, value in zip(optimizer_variables(opt), state["optimizer"]):
+        var.assign(value)
+
+
+def resume(model, ckpt_dir, hvd) -> int:
+    """Load rank 0's newest good checkpoint, broadcast it to every rank, restore it; return epochs done (0 if none)."""
+    state = latest_good_checkpoint(ckpt_dir, model) if (ckpt_dir and hvd.rank() == 0) else None
+    # Horovod: only rank 0 reads the disk (other machines may not see it); everyone gets rank 0's state.
+    from horovod.tensorflow import broadcast_object
+    state = broadcast_object(state, root_rank=0, name="kit.mnist.resume")
+    if state is None:
+        return 0
+    restore(model, state)
+    if hvd.rank() == 0:
+        print(f"resumed from epoch {state['epoch']} ({Path(state['path']).name})", flush=True)
+    return state["epoch"]
+
+
+def checkpoint_callback(ckpt_dir, keep: int = 3):
+    """Return a Keras callback that saves an atomic checkpoint at the end of every epoch (use on rank 0 only)."""
+    class CheckpointCallback(keras().callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            save_checkpoint(ckpt_dir, epoch + 1, self.model, keep)
+    return CheckpointCallback()
+
+
+# ----------------------------------------------------------------------------------- progress and speed
+def epoch_log(total_epochs: int, samples_per_epoch: int, history: list | None = None):
+    """Return a Keras callback printing one line per epoch (loss, accuracy, samples/s), flushed at once."""
+    class EpochLog(keras().callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.t0 = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            dt = time.perf_counter() - self.t0
+            row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}, "seconds": dt,
+                   "samples_per_s": samples_per_epoch / dt}
+            if history is not None:
+                history.append(row)
+            val = f"  val_acc {row['val_accuracy']:.4f}" if "val_accuracy" in row else ""
+            print(f"epoch {epoch + 1:2d}/{total_epochs}  loss {row['loss']:.4f}  acc {row['accuracy']:.4f}{val}"
+                  f"  {dt:5.1f} s  {row['samples_per_s']:,.0f} samples/s", flush=True)
+    return EpochLog()
+
+
+def throughput_callback(warmup: int, batch: int, size: int, out: dict):
+    """Return a Keras callback that times the steps after `warmup` and puts samples/s (all ranks) in `out`."""
+    class Throughput(keras().callbacks.Callback):
+        def on_train_batch_end(self, step, logs=None):
+            if step + 1 == warmup:
+                self.t0, self.n0 = time.perf_counter(), step + 1
+            self.t1, self.n1 = time.perf_counter(), step + 1
+
+        def on_train_end(self, logs=None):
+            out["samples_per_s"] = (self.n1 - self.n0) * batch * size / (self.t1 - self.t0)
+    return Throughput()
+
+
+# ----------------------------------------------------------------------------------- thread placement
+def local_rank_from_env() -> int:
+    """Return this process's local rank as the launcher set it (horovodrun, mpirun, kit.cluster); 0 if none."""
+    for var in ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "KIT_LOCAL_RANK", "PMI_LOCAL_RANK"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return 0
+
+
+def pin_to_core(local_rank: int) -> int:
+    """Pin every thread of this process (and threads it starts later) to one core chosen by local rank."""
+    cores = sorted(os.sched_getaffinity(0))
+    core = cores[local_rank % len(cores)]
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {core})
+        except OSError:                         # a thread that just exited
+            pass
+    return core
+
+
+# ----------------------------------------------------------------------------------- throughput
+def synthetic_throughput(hvd, steps: int = 60, warmup: int = 10, batch: int = BATCH) -> dict:
+    """Train the CNN on random data for warmup + steps batches per rank; return samples/s of the whole job."""
+    import tensorflow as tf
+    rng = np.random.default_rng(hvd.rank())
+    n = (warmup + steps) * batch
+    x = rng.random((n, 28, 28, 1), dtype=np.float32)
+    y = rng.integers(0, 10, n)
+    model = build_model()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(BASE_LR * hvd.size()))
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
+    out = {}
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                         throughput_callback(warmup, batch, hvd.size(), out)])
+    from horovod.tensorflow import allgather_object
+    times = allgather_object(out["samples_per_s"], name="kit.mnist.thr")
+    return {"size": hvd.size(), "samples_per_s": min(times), "steps": steps, "batch": batch,
+            "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+            "affinity": sorted(os.sched_getaffinity(0))}

@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Train the classic Keras MNIST CNN with Horovod: the notebook 04 code as a script.
+
+    horovodrun --gloo -np 2 -H localhost:2 python scripts/train_keras_mnist.py --epochs 2
+    mpirun -np 2 python scripts/train_keras_mnist.py --dataset digits
+    horovodrun -np 16 -H server1:4,server2:4,server3:4,server4:4 python scripts/train_keras_mnist.py
+
+Lines marked `# Horovod:` are the whole difference from single-process Keras. Kill it and start it again with the
+same --checkpoint-dir: it resumes from rank 0's last good checkpoint.
+"""
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # find `kit` when run from a checkout
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")                 # Horovod's Keras is tf-keras (Keras 2)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=None, help="default: ceil(12 / number of workers)")
+    p.add_argument("--dataset", default="auto", choices=["auto", "mnist", "fashion_mnist", "digits"])
+    p.add_argument("--checkpoint-dir", default=None, help="rank 0 saves here each epoch; resumes from here")
+    p.add_argument("--batch-size", type=int, default=128, help="per worker (the classic example's 128)")
+    p.add_argument("--train-samples", type=int, default=None, help="use a random subset (default: all)")
+    p.add_argument("--warmup-epochs", type=float, default=3, help="learning-rate warmup (Goyal et al.)")
+    p.add_argument("--threads", type=int, default=None, help="TF intra-op threads per worker")
+    p.add_argument("--pin", action="store_true", help="pin each worker's threads to one core (by local rank)")
+    p.add_argument("--synthetic-steps", type=int, default=0,
+                   help="measure samples/s on random data for this many steps instead of training")
+    p.add_argument("--json", default=None, help="rank 0 writes the history / throughput here")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from kit import mnist
+    if args.pin:
+        mnist.pin_to_core(mnist.local_rank_from_env())   # before TF starts its thread pools
+    if args.threads:
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
+    import tensorflow as tf
+    import horovod.tensorflow.keras as hvd
+    from horovod.tensorflow import allgather_object
+
+    # Horovod (1): start Horovod; every process learns its rank and the job's size.
+    hvd.init()
+    # Horovod (2): one GPU per process, chosen by local rank (on a CPU-only machine there is nothing to pin).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    root = hvd.rank() == 0
+
+    if args.synthetic_steps:
+        result = mnist.synthetic_throughput(hvd, steps=args.synthetic_steps, batch=args.batch_size)
+        if root:
+            print(json.dumps(result), flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(result))
+        return result
+
+    from kit import datasets
+    ds = datasets.load(args.dataset, verbose=root)
+    x, y = mnist.prepare(*mnist.subset(ds.x_train, ds.y_train, args.train_samples))
+    x_test, y_test = mnist.prepare(ds.x_test, ds.y_test)
+    # Horovod: each rank trains on its own 1/size of the data, so an epoch is shared, not repeated.
+    x, y = mnist.shard(x, y, hvd.rank(), hvd.size())
+    # Horovod (6): size workers do an epoch size times faster: ceil(12 / size) epochs.
+    epochs = args.epochs or mnist.epochs_for(hvd.size())
+
+    model = mnist.build_model()
+    # Horovod (3): scale the learning rate by size (linear scaling rule) and average gradients with allreduce.
+    scaled_lr = mnist.BASE_LR * hvd.size()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(scaled_lr))
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
+    initial_epoch = mnist.resume(model, args.checkpoint_dir, hvd)   # Horovod: rank 0's checkpoint, broadcast
+
+    history = []
+    callbacks = [
+        # Horovod (4): start every replica from rank 0's weights.
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        # Horovod: average the metrics over ranks, so rank 0 prints the job's loss, not its own shard's.
+        hvd.callbacks.MetricAverageCallback(),
+        # Horovod: ramp the learning rate from lr to lr * size over the first epochs (Goyal et al., 2017).
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=args.warmup_epochs,
+                                                 steps_per_epoch=len(x) // args.batch_size),
+    ]
+    # Horovod (5): only rank 0 writes checkpoints and prints progress.
+    if root:
+        if args.checkpoint_dir:
+            callbacks.append(mnist.checkpoint_callback(args.checkpoint_dir))
+        callbacks.append(mnist.epoch_log(epochs, len(x) * hvd.size(), history))
+        print(f"training on {hvd.size()} worker(s), {len(x)} images each, epochs {initial_epoch + 1}..{epochs}",
+              flush=True)
+    model.fit(x, y, batch_size=args.batch_size, epochs=epochs, initial_epoch=initial_epoch, verbose=0,
+              validation_data=(x_test, y_test), callbacks=callbacks)
+
+    digests = allgather_object(mnist.weights_digest(model), name="digest")  # Horovod: replicas equal?
+    if root:
+        acc = history[-1]["val_accuracy"] if history else float("nan")
+        result = {"dataset": ds.name, "size": hvd.size(), "epochs": epochs, "history": history,
+                  "test_accuracy": acc, "replicas_identical": len(set(digests)) == 1}
+        if args.json:
+            Path(args.json).write_text(json.dumps(result))
+        print(f"done: {ds.name} test accuracy {acc:.4f} after {epochs} epochs on {hvd.size()} worker(s); "
+              f"replicas identical: {result['replicas_identical']}", flush=True)
+        return result
+
+
+if __name__ == "__main__":
+    main()
