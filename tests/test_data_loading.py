@@ -1,0 +1,196 @@
+"""Notebook 01's kit: the image pipeline (kit.data), the utilization monitor and the loader profiler (kit.monitor).
+
+Correctness only: the monitor's busy fraction on loops of known wait/compute durations, the step-time model,
+the profiler's recommendation, and the error paths (bad num_workers, a failing sample inside a worker).
+"""
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from kit import data, monitor
+
+
+@pytest.fixture(scope="module")
+def store():
+    return data.make_store(192, size=28, fmt="png")
+
+
+def timed_batches(n, wait_s, size=4):
+    """Yield n batches, each after sleeping wait_s (a loader whose next() takes a known time)."""
+    for _ in range(n):
+        time.sleep(wait_s)
+        yield torch.zeros(size, 1), torch.zeros(size)
+
+
+# --- the pipeline --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size,fmt", [(28, "png"), (64, "jpeg")])
+def test_samples_are_decoded_augmented_and_normalised(size, fmt):
+    st = data.make_store(8, size=size, fmt=fmt)
+    assert st.images[0][:4] == (b"\x89PNG" if fmt == "png" else b"\xff\xd8\xff\xe0")
+    x, y = data.load_sample(st, 3, seed=1)
+    assert x.shape == (1, 28, 28) and x.dtype == np.float32
+    assert -1.0 <= x.min() < x.max() <= 1.0
+    assert y == int(st.labels[3])
+    again, _ = data.load_sample(st, 3, seed=1)
+    other, _ = data.load_sample(st, 3, seed=2)
+    assert np.array_equal(x, again) and not np.array_equal(x, other)   # augmentation depends on (seed, i) only
+
+
+def test_io_latency_costs_wall_time_not_cpu(store):
+    wall, cpu = time.perf_counter(), time.process_time()
+    data.read(store, 0, io_ms=50)
+    assert time.perf_counter() - wall >= 0.05
+    assert time.process_time() - cpu < 0.02
+
+
+def test_workers_return_the_same_batches_as_the_main_process(store, no_leaks):
+    ds = data.ImageDataset(store)
+    serial = [b for b in data.make_loader(ds, 32, num_workers=0, seed=3)]
+    parallel = [b for b in data.make_loader(ds, 32, num_workers=2, seed=3)]
+    assert len(serial) == len(parallel) == len(store) // 32
+    for (xa, ya), (xb, yb) in zip(serial, parallel):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_keras_pydataset_and_tf_data_yield_the_pipeline(store):
+    kd = data.keras_dataset(store, batch_size=16, workers=2, use_multiprocessing=False, max_queue_size=4)
+    assert (kd.workers, kd.use_multiprocessing, kd.max_queue_size) == (2, False, 4)
+    x, y = kd[0]
+    assert x.shape == (16, 1, 28, 28) and y.shape == (16,)
+    assert np.array_equal(x[0], data.load_sample(store, int(kd.order[0]))[0])
+    tx, ty = next(iter(data.tf_dataset(store, batch_size=16, parallel="autotune").as_numpy_iterator()))
+    assert tx.shape == (16, 1, 28, 28) and tx.dtype == np.float32 and ty.shape == (16,)
+
+
+# --- the monitor ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("wait_s,compute_s", [(0.03, 0.01), (0.01, 0.03)])
+def test_busy_fraction_of_a_synthetic_loop(wait_s, compute_s):
+    with monitor.Monitor(warmup=2, nvml=False) as mon:
+        for _ in mon.watch(timed_batches(14, wait_s), steps=14):
+            time.sleep(compute_s)
+    st = mon.stats()
+    assert st["steps"] == 12
+    assert st["busy"] == pytest.approx(compute_s / (wait_s + compute_s), abs=0.06)
+    assert st["wait"] == pytest.approx(wait_s, abs=0.006)
+    assert st["samples_per_s"] == pytest.approx(4 / (wait_s + compute_s), rel=0.2)
+
+
+def test_recorded_steps_and_utilization_trace():
+    mon = monitor.Monitor(warmup=0, nvml=False)
+    for _ in range(10):
+        mon.record(wait_s=0.02, compute_s=0.06, samples=8)
+    st = mon.stats()
+    assert st["busy"] == pytest.approx(0.75) and st["samples_per_s"] == pytest.approx(100)
+    t, util = mon.utilization(window=0.08)
+    assert len(t) == 10 and np.allclose(util, 75)
+    with pytest.raises(ValueError, match="no steps recorded"):
+        monitor.Monitor(nvml=False).stats()
+
+
+def test_without_nvml_the_monitor_says_so_once_and_keeps_no_thread(monkeypatch):
+    monkeypatch.setattr(monitor, "open_nvml", lambda index=0: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with monitor.Monitor() as mon:
+            for _ in mon.watch(timed_batches(5, 0.001)):
+                pass
+    assert [w.category for w in caught] == [monitor.NoNVMLWarning]
+    assert "CPU-side" in str(caught[0].message)
+    assert not mon.has_nvml and mon.samples == [] and mon.stats()["steps"] == 2
+
+
+def test_nvml_thread_samples_and_never_outlives_the_block(monkeypatch):
+    monkeypatch.setattr(monitor, "open_nvml", lambda index=0: lambda: (42.0, 1.5))
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="boom"):
+        with monitor.Monitor(sample_s=0.005) as mon:
+            assert mon._thread.is_alive()
+            time.sleep(0.05)
+            raise RuntimeError("boom")
+    assert set(threading.enumerate()) == before
+    assert len(mon.samples) >= 3 and mon.samples[0][1:] == (42.0, 1.5)
+
+
+# --- the model and the profiler ------------------------------------------------------------------------------
+def test_model_io_parallelises_past_cores_cpu_does_not():
+    io_bound = dict(t_load=0.09, t_compute=0.03, t_load_cpu=0.0, c_compute=0.03, cores=2)
+    cpu_bound = dict(t_load=0.09, t_compute=0.03, t_load_cpu=0.09, c_compute=0.03, cores=2)
+    assert monitor.predict_step(0, **io_bound) == pytest.approx(0.12)
+    assert monitor.predict_step(1, **io_bound) == pytest.approx(0.09)
+    assert monitor.predict_step(3, **io_bound) == pytest.approx(0.03)          # 3 sleeping workers, 2 cores
+    assert monitor.predict_step(8, **cpu_bound) == pytest.approx(0.06)          # (0.09 + 0.03) / 2 cores
+    assert monitor.predict_busy(8, 0.09, 0.03, t_load_cpu=0.09, c_compute=0.03, cores=2) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        monitor.predict_step(-1, 0.1, 0.1)
+
+
+def test_recommendation_is_the_fewest_workers_that_reach_the_best_step():
+    assert monitor.recommend_workers(0.09, 0.03, 0.0, 0.03, cores=2) == 3
+    assert monitor.recommend_workers(0.01, 0.03, 0.01, 0.03, cores=2) == 1
+    assert monitor.recommend_workers(0.09, 0.03, 0.09, 0.03, cores=2) == 2    # CPU-bound: W_eff caps at 1.33
+
+
+def test_profile_loader_recommends_workers_for_a_sleeping_loader():
+    prof = monitor.profile_loader(timed_batches(40, 0.03), lambda b: time.sleep(0.01), steps=30, cores=2)
+    assert prof.workers == 0
+    assert prof.stall == pytest.approx(0.75, abs=0.08)
+    assert prof.t_load == pytest.approx(0.03, abs=0.006) and prof.t_load_cpu < 0.01
+    assert prof.recommended_workers in (3, 4)
+    assert prof.speedup == pytest.approx(4, rel=0.25)
+    assert "recommended: num_workers=" in str(prof)
+
+
+def test_profile_loader_times_a_worker_loader_serially(store, no_leaks):
+    loader = data.make_loader(data.ImageDataset(store, io_ms=1.0), 16, num_workers=2)
+    prof = monitor.profile_loader(loader, lambda b: time.sleep(0.005), steps=8, cores=2)
+    assert prof.workers == 2
+    assert prof.t_load >= 0.016                               # 16 reads of 1 ms, timed in this process
+    assert prof.recommended_workers >= 2
+
+
+# --- bad input ---------------------------------------------------------------------------------------------
+class Broken(torch.utils.data.Dataset):
+    """Sample 17 is corrupt."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 17:
+            raise ValueError("corrupt PNG header")
+        return torch.zeros(1), i
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2"])
+def test_bad_num_workers_is_a_clear_error(store, bad):
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 0"):
+        data.make_loader(data.ImageDataset(store), num_workers=bad)
+    with pytest.raises(ValueError, match="Keras workers must be an integer >= 1"):
+        data.keras_dataset(store, workers=-1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_failing_sample_names_index_and_cause_and_stops_workers(workers, no_leaks):
+    loader = data.make_loader(Broken(), batch_size=8, num_workers=workers, shuffle=False)
+    t0 = time.perf_counter()
+    with pytest.raises(data.SampleError) as err:
+        for _ in loader:
+            pass
+    first = str(err.value).splitlines()[0]
+    assert first.startswith("sample 17 failed to load: ValueError: corrupt PNG header")
+    assert ("worker" in first) == (workers > 0)
+    assert time.perf_counter() - t0 < 30
+    del err
+
+
+def test_failing_sample_inside_the_monitor_stops_workers(no_leaks):
+    loader = data.make_loader(Broken(), batch_size=8, num_workers=2, shuffle=False)
+    with pytest.raises(data.SampleError, match="sample 17"):
+        with monitor.Monitor(nvml=False) as mon:
+            for _ in mon.watch(loader):
+                pass
+    assert len(mon.steps) == 2                                  # batches 0 and 1 arrived, batch 2 holds sample 17
