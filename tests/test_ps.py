@@ -1,0 +1,106 @@
+"""kit.ps: the parameter server equals single-process SGD, counts its bytes exactly, and fails loudly."""
+import time
+
+import numpy as np
+import pytest
+
+import kit
+from conftest import descendants
+from kit import ps
+
+
+def test_shards_cover_the_vector_once():
+    for numel, k in ((10, 1), (10, 3), (101898, 2), (7, 7)):
+        parts = ps.shards(numel, k)
+        assert len(parts) == k
+        assert np.array_equal(np.concatenate([np.arange(numel)[p] for p in parts]), np.arange(numel))
+
+
+def test_cost_model_formula_and_fit():
+    assert ps.t_comm_ps(4, 1e6, 1e-5, 1e9) == pytest.approx(2 * (1e-5 + 4e-3))
+    assert ps.t_comm_ps(4, 1e6, 1e-5, 1e9, k=2) == pytest.approx(2 * (1e-5 + 2e-3))
+    sizes = np.array([4, 1e3, 1e5, 1e6, 1e7])
+    alpha, bw = ps.fit_alpha_beta(sizes, 50e-6 + sizes / 2e9)
+    assert alpha == pytest.approx(50e-6, rel=1e-3) and bw == pytest.approx(2e9, rel=1e-3)
+
+
+def test_bad_configs_raise_clear_errors():
+    with pytest.raises(ValueError, match="need 6 engines, but the cluster has 4"):
+        ps.check(ps.Config(workers=5, servers=1), engines=4)
+    with pytest.raises(ValueError, match="does not split evenly"):
+        ps.check(ps.Config(workers=7, batch=120), engines=8)
+    with pytest.raises(ValueError, match="mode"):
+        ps.check(ps.Config(mode="gossip"), engines=4)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    before = descendants()
+    c = kit.cluster.start(n=4, timeout=20, quiet=True)
+    try:
+        c.init_process_group()
+        yield c
+    finally:
+        c.stop()
+        deadline = time.time() + 10
+        while descendants() - before and time.time() < deadline:
+            time.sleep(0.2)
+        assert not descendants() - before, "kit.cluster left processes running"
+
+
+@pytest.mark.parametrize("workers,servers", [(1, 1), (3, 1), (2, 2)])
+def test_sync_ps_equals_single_process_sgd(cluster, workers, servers):
+    cfg = ps.Config(workers=workers, servers=servers, steps=6, batch=60, lr=0.1)
+    run = ps.train(cluster, cfg)
+    ref, ref_loss = ps.train_single(cfg)
+    assert np.abs(run.params - ref).max() < 1e-6
+    assert np.allclose(run.loss(), ref_loss, atol=1e-5)
+    assert not np.allclose(run.params, ps.initial_params(cfg).numpy())   # it did train
+
+
+@pytest.mark.parametrize("workers,servers", [(3, 1), (2, 2)])
+def test_bytes_are_exactly_n_times_k_per_direction(cluster, workers, servers):
+    cfg = ps.Config(workers=workers, servers=servers, steps=4)
+    run = ps.train(cluster, cfg)
+    K = run.grad_bytes
+    assert K == run.params.size * 4 == ps.initial_params(cfg).numel() * 4
+    sb = run.server_bytes()
+    assert len(sb) == servers and all(len(s["in"]) == cfg.steps for s in sb)
+    for s, part in zip(sb, ps.shards(run.params.size, servers)):
+        assert set(s["in"]) == set(s["out"]) == {workers * (part.stop - part.start) * 4}
+    assert sum(s["in"][0] for s in sb) == sum(s["out"][0] for s in sb) == workers * K
+    assert all(set(w["in"]) == set(w["out"]) == {K} for w in run.worker_bytes())
+    assert ps.summarise(run)["bytes_exact"]
+
+
+def test_async_ps_applies_every_push_and_tracks_staleness(cluster):
+    cfg = ps.Config(workers=3, steps=5, mode="async", lr=0.03)
+    run = ps.train(cluster, cfg)
+    srv = run.servers[0]
+    assert len(srv["staleness"]) == 15 and sorted(srv["from"]) == sorted([0, 1, 2] * 5)
+    assert all(0 <= s < 15 for s in srv["staleness"]) and srv["staleness"][0] == 0
+    assert set(run.server_bytes()[0]["in"]) == {run.grad_bytes}   # one push per update
+    assert np.isfinite(run.params).all()
+
+
+def test_too_many_workers_is_a_clear_error(cluster):
+    with pytest.raises(ValueError, match="need 5 engines, but the cluster has 4"):
+        ps.train(cluster, ps.Config(workers=4))
+
+
+def test_pingpong_measures_alpha_and_bandwidth(cluster):
+    ab = ps.measure_alpha_beta(cluster, sizes=[4, 1 << 16, 1 << 20], repeats=3)
+    assert ab["alpha"] >= 0 and ab["B"] > 1e6
+    assert ab["sizes"] == [4, 1 << 16, 1 << 20] and all(t > 0 for t in ab["seconds"])
+
+
+def test_a_dead_worker_makes_everyone_raise_in_bounded_time(cluster):
+    """Runs last: it kills an engine."""
+    t0 = time.time()
+    with pytest.raises(ps.PSError) as err:
+        ps.train(cluster, ps.Config(workers=3, steps=10, die_at=(1, 2)))
+    assert time.time() - t0 < 20   # well under the 20 s message timeout: closed sockets are noticed at once
+    msg = str(err.value)
+    assert "worker 1 (rank 2) DIED" in msg
+    assert "server 0 (rank 0) raised PeerLostError" in msg and "worker 1 (rank 2)" in msg.splitlines()[1]
+    assert "worker 0 (rank 1) raised PeerLostError" in msg and "worker 2 (rank 3) raised PeerLostError" in msg
