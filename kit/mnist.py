@@ -201,11 +201,12 @@ def throughput_callback(warmup: int, batch: int, size: int, out: dict):
     class Throughput(keras().callbacks.Callback):
         def on_train_batch_end(self, step, logs=None):
             if step + 1 == warmup:
-                self.t0, self.n0 = time.perf_counter(), step + 1
-            self.t1, self.n1 = time.perf_counter(), step + 1
+                self.t0, self.c0, self.n0 = time.perf_counter(), time.process_time(), step + 1
+            self.t1, self.c1, self.n1 = time.perf_counter(), time.process_time(), step + 1
 
         def on_train_end(self, logs=None):
             out["samples_per_s"] = (self.n1 - self.n0) * batch * size / (self.t1 - self.t0)
+            out["cores_busy"] = (self.c1 - self.c0) / (self.t1 - self.t0)   # CPU time / wall time, this rank
     return Throughput()
 
 
@@ -246,8 +247,69 @@ def synthetic_throughput(hvd, steps: int = 60, warmup: int = 10, batch: int = BA
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                          throughput_callback(warmup, batch, hvd.size(), out)])
     from horovod.tensorflow import allgather_object
-    times = allgather_object(out["samples_per_s"], name="kit.mnist.thr")
-    return {"size": hvd.size(), "samples_per_s": min(times), "steps": steps, "batch": batch,
+    every = allgather_object(out, name="kit.mnist.thr")
+    return {"size": hvd.size(), "samples_per_s": min(r["samples_per_s"] for r in every),
+            "cores_busy": [round(r["cores_busy"], 2) for r in every], "steps": steps, "batch": batch,
             "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
             "affinity": sorted(os.sched_getaffinity(0))}
+
+
+# ----------------------------------------------------------------------------------- Horovod timeline
+def read_timeline(path) -> list[dict]:
+    """Parse a HOROVOD_TIMELINE file into intervals {tensor, phase, depth, start, end} (seconds, from 0)."""
+    text = Path(path).read_text().strip()
+    if not text.endswith("]"):                      # Horovod leaves the list open while the job runs
+        text = text.rstrip(",") + "]"
+    events = json.loads(text)
+    names, stacks, out = {}, {}, []
+    for ev in events:
+        pid = ev.get("pid")
+        if ev.get("ph") == "M" and ev.get("name") == "process_name" and "name" in ev.get("args", {}):
+            names[pid] = ev["args"]["name"]
+        elif ev.get("ph") == "B":
+            stacks.setdefault(pid, []).append((ev["name"], ev["ts"]))
+        elif ev.get("ph") == "E" and stacks.get(pid):
+            phase, start = stacks[pid].pop()
+            out.append({"tensor": short_tensor_name(names.get(pid, str(pid))), "phase": phase,
+                        "depth": len(stacks[pid]), "start": start / 1e6, "end": ev["ts"] / 1e6})
+    t0 = min((r["start"] for r in out), default=0.0)
+    for r in out:
+        r["start"], r["end"] = r["start"] - t0, r["end"] - t0
+    return sorted(out, key=lambda r: (r["start"], r["depth"]))
+
+
+def short_tensor_name(name: str) -> str:
+    """Shorten TF's long op name to what it is, e.g. '...HorovodAllreduce_grads_6_0' -> 'grads_6'."""
+    m = re.search(r"Horovod\w*?_(grads?_?\d*)(?:_\d+)?$", name)
+    return m[1] if m else name.rsplit("/", 1)[-1][-24:]
+
+
+def timeline_summary(intervals: list[dict]) -> dict[str, float]:
+    """Return the total seconds spent in each phase, summed over tensors."""
+    out: dict[str, float] = {}
+    for r in intervals:
+        out[r["phase"]] = out.get(r["phase"], 0.0) + r["end"] - r["start"]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def plot_timeline(intervals: list[dict], start: float = 0.0, seconds: float | None = None, ax=None):
+    """Draw the allreduce phases per tensor as a Gantt chart (one row per tensor, colour = phase)."""
+    import matplotlib.pyplot as plt
+    end = start + seconds if seconds else float("inf")
+    rows = [r for r in intervals if r["end"] >= start and r["start"] <= end and r["tensor"].startswith("grad")]
+    tensors = sorted({r["tensor"] for r in rows}, key=lambda t: [int(d) for d in re.findall(r"\d+", t)] or [0])
+    phases = sorted({r["phase"] for r in rows}, key=lambda p: (p.startswith("NEGOTIATE") is False, p))
+    colours = dict(zip(phases, plt.get_cmap("tab10").colors))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.35 * len(tensors) + 1.5))
+    for r in rows:
+        y, h = tensors.index(r["tensor"]), 0.8 if r["depth"] == 0 else 0.4
+        ax.broken_barh([(1e3 * r["start"], 1e3 * (r["end"] - r["start"]))], (y - h / 2, h),
+                       color=colours[r["phase"]], label=r["phase"])
+    handles = {h.get_label(): h for h in ax.collections}
+    ax.legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_yticks(range(len(tensors)), tensors)
+    ax.set_xlabel("time (ms)")
+    ax.set_title("Horovod timeline: allreduce phases per gradient tensor (rank 0's view)")
+    return ax
