@@ -254,6 +254,7 @@ class Cluster:
         self._ipp = self._rendezvous = self._profile = None
         self._procs: dict[int, float] = {}
         self._pids: dict[int, int] = {}
+        self._stop_w = None
         self._before: dict[int, float] = {}
         self._stopped = True
 
@@ -296,6 +297,7 @@ class Cluster:
             self.client.wait_for_engines(self.n, timeout=max(60, self.timeout))
             self._setup_engines()
             self._procs = self._new_processes()
+            self._watch_engines()
             self._check_horovod()
         except BaseException:
             self.stop()
@@ -310,6 +312,13 @@ class Cluster:
             return
         self._stopped = True
         _LIVE.discard(self)
+        if self._stop_w is not None:
+            try:
+                os.write(self._stop_w, b"x")  # end the watcher thread (it closes its own fds)
+            except OSError:
+                pass
+            os.close(self._stop_w)
+            self._stop_w = None
         procs = dict(self._procs) or self._new_processes()  # start may have failed half-way
         if self.client is not None:
             try:
@@ -431,6 +440,40 @@ class Cluster:
             if r["size"] != self.n or r["rank"] != want.rank or r["sum"] != self.n:
                 raise ClusterError(f"engine {eid}: Horovod says rank {r['rank']} of {r['size']} "
                                    f"(allreduce of ones = {r['sum']}), expected rank {want.rank} of {self.n}")
+
+    def _watch_engines(self):
+        """Note each engine's death the moment it happens (pidfd), so the first to die is named first."""
+        if not hasattr(os, "pidfd_open"):
+            return  # not Linux: poll_dead() still finds the dead, without their order
+        import select
+        fds, poller = {}, select.poll()
+        for rank, pid in self._pids.items():
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            fds[fd] = rank
+            poller.register(fd, select.POLLIN)
+        stop_r, self._stop_w = os.pipe()
+        poller.register(stop_r, select.POLLIN)
+
+        def watch():
+            try:
+                while fds:
+                    ready = [fd for fd, _ in poller.poll()]
+                    if stop_r in ready:
+                        return
+                    for fd in ready:
+                        rank = fds.pop(fd)
+                        poller.unregister(fd)
+                        self.dead.setdefault(rank, f"engine {self.engine_of(rank)} (pid {self._pids[rank]}) exited")
+            finally:
+                for fd in [*fds, stop_r]:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+        threading.Thread(target=watch, daemon=True, name="kit-engine-watch").start()
 
     def _new_processes(self) -> dict[int, float]:
         return {p: c for p, c in _descendants().items() if p not in self._before}

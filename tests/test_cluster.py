@@ -1,0 +1,192 @@
+"""kit.cluster: N engines as one Horovod job (gloo and mpi), torch.distributed, failures, clean-up."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+import kit.cluster as kc
+from conftest import descendants
+
+
+# ------------------------------------------------------------------ pure functions (no processes)
+def test_assign_slots_groups_ranks_by_host():
+    slots = kc.assign_slots({0: "a", 1: "b", 2: "a", 3: "b", 4: "a"})
+    assert [slots[e].rank for e in (0, 2, 4, 1, 3)] == [0, 1, 2, 3, 4]
+    assert [slots[e].local_rank for e in (0, 2, 4, 1, 3)] == [0, 1, 2, 0, 1]
+    assert {slots[e].local_size for e in (0, 2, 4)} == {3} and {slots[e].local_size for e in (1, 3)} == {2}
+    assert (slots[1].cross_rank, slots[1].cross_size) == (1, 2)   # local rank 0 exists on both hosts
+    assert (slots[4].cross_rank, slots[4].cross_size) == (0, 1)   # local rank 2 only on host a
+    assert all(s.size == 5 for s in slots.values())
+
+
+def test_engine_env_pins_one_gpu_per_local_rank_and_limits_threads():
+    slots = kc.assign_slots({0: "h", 1: "h", 2: "h"})
+    envs = [kc.engine_env(slots[e], gpus=["3", "5", "7"], threads=2, timeout=30) for e in range(3)]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["3", "5", "7"]
+    assert all(e["OMP_NUM_THREADS"] == e["TF_NUM_INTRAOP_THREADS"] == "2" for e in envs)
+    assert envs[2]["KIT_RANK"] == "2" and envs[2]["TF_USE_LEGACY_KERAS"] == "1"
+    assert kc.engine_env(slots[0], gpus=[], threads=1, timeout=30)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_gloo_env_is_what_horovodrun_gives_a_worker():
+    s = kc.assign_slots({0: "localhost", 1: "localhost"})[1]
+    env = kc.gloo_env(s, addr="127.0.0.1", port=1234, iface="lo")
+    assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_SIZE"] == "2" and env["HOROVOD_LOCAL_RANK"] == "1"
+    assert env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] == "127.0.0.1" and env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == "1234"
+    assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
+
+
+# ------------------------------------------------------------------ bad input: clear error, nothing started
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(n=0), "n must be"), (dict(n=-2), "n must be"), (dict(n="2"), "n must be"),
+    (dict(n=2, backend="nccl"), "unknown backend 'nccl'"), (dict(n=2, timeout=0), "timeout"),
+])
+def test_bad_arguments_raise_before_anything_starts(no_leaks, kwargs, match):
+    before = descendants()
+    with pytest.raises(ValueError, match=match):
+        kc.start(**kwargs)
+    assert descendants() == before
+
+
+def test_mpi_without_mpiexec_says_what_to_do(no_leaks):
+    with pytest.raises(kc.ClusterError, match="mpiexec.*make lab.*backend='gloo'"):
+        kc.start(2, "mpi", mpiexec="/nonexistent/mpiexec")
+
+
+def test_mpi_with_horovod_built_without_mpi_says_what_to_do(no_leaks, monkeypatch):
+    monkeypatch.setattr(kc, "_horovod_has_mpi", lambda: False)
+    with pytest.raises(kc.ClusterError, match="built without MPI.*install_horovod.sh"):
+        kc.start(2, "mpi")
+
+
+def test_more_engines_than_gpus_needs_opt_in(no_leaks, monkeypatch):
+    monkeypatch.setattr(kc.sysinfo, "visible_gpus", lambda: ["0"])
+    with pytest.raises(kc.ClusterError, match="2 engines per host but only 1 GPU.*share_gpus=True"):
+        kc.start(2, "gloo")
+    assert kc._gpu_plan(2, share_gpus=True) == ["0"]
+
+
+# ------------------------------------------------------------------ real jobs
+def _hvd_torch():
+    import horovod.torch as hvd
+    import torch
+    hvd.init()
+    return hvd.rank(), hvd.size(), hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
+
+
+def _hvd_keras():
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+    hvd.init()
+    return hvd.rank(), hvd.size(), float(hvd.allreduce(tf.constant([hvd.rank() + 1.0]), op=hvd.Sum).numpy()[0])
+
+
+def _torch_dist():
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item()
+
+
+def _importable(c):
+    """Let the engines import this test module (functions are sent by reference to their module)."""
+    c.view.execute(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})", block=True)
+    return c
+
+
+def _threads():
+    import os
+    return os.environ["OMP_NUM_THREADS"], os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leaks, backend, n):
+    want = [(r, n, n * (n + 1) / 2) for r in range(n)]
+    with kc.start(n, backend, quiet=True) as c:
+        _importable(c)
+        assert c.size == n and c.view.targets == list(range(n))
+        assert [c.rank_of(e) for e in c.view.targets] == list(range(n))
+        assert c.view.apply_sync(_hvd_torch) == want
+        assert c.view.apply_sync(_hvd_keras) == want
+        assert c.init_process_group() == {r: r for r in range(n)}
+        assert c.view.apply_sync(_torch_dist) == want
+        threads = str(max(1, kc.sysinfo.cpu_cores() // n))
+        assert c.view.apply_sync(_threads) == [(threads, "")] * n   # no GPU here: CPU, cores split evenly
+
+
+def test_servers_listen_on_loopback_only(no_leaks):
+    with kc.start(2, "gloo", quiet=True) as c:
+        c.init_process_group()
+        pids = {os.getpid(), *descendants()}
+        listening = [x for x in psutil.net_connections("inet") if x.status == psutil.CONN_LISTEN and x.pid in pids]
+        assert listening, "expected the controller, rendezvous and gloo listeners"
+        assert {x.laddr.ip for x in listening} <= {"127.0.0.1"}, listening
+
+
+def _allreduce_forever():
+    import time
+    import horovod.torch as hvd
+    import torch
+    t0, i = time.time(), 0
+    while time.time() - t0 < 300:
+        hvd.allreduce(torch.ones(10_000), name=f"loop.{i}")
+        i += 1
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backend):
+    timeout = 20
+    c = _importable(kc.start(2, backend, timeout=timeout, quiet=True))
+    try:
+        ar = c.view.apply_async(_allreduce_forever)
+        time.sleep(2)
+        assert not ar.ready()
+        os.kill(c._pids[1], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(kc.RankDiedError, match=r"rank 1 died .*cluster.restart\(\)"):
+            c.wait(ar)
+        assert time.monotonic() - t0 < timeout
+        _importable(c.restart())
+        assert c.view.apply_sync(_hvd_torch) == [(0, 2, 3.0), (1, 2, 3.0)]
+    finally:
+        c.stop()
+
+
+def test_exception_inside_with_block_stops_everything(no_leaks):
+    with pytest.raises(ZeroDivisionError):
+        with kc.start(2, "gloo", quiet=True):
+            1 / 0
+
+
+def test_kernel_exit_without_stop_leaves_nothing_running(tmp_path):
+    script = textwrap.dedent("""
+        import kit.cluster
+        c = kit.cluster.start(2, "gloo", quiet=True)
+        print(c._profile, flush=True)
+        # no c.stop(): the interpreter exits, as a kernel does on shutdown
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    profile = out.stdout.strip().splitlines()[-1]
+    assert profile.startswith(("/tmp", os.environ.get("TMPDIR", "/tmp")))
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        left = [p for p in psutil.process_iter(["cmdline", "environ"]) if _mentions(p, profile)]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left, [p.info["cmdline"] for p in left]
+
+
+def _mentions(p, text):
+    try:
+        return text in " ".join(p.info["cmdline"] or []) or text in str((p.info["environ"] or {}).values())
+    except psutil.Error:
+        return False
