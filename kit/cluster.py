@@ -83,13 +83,28 @@ def gloo_env(slot: Slot, *, addr: str, port: int, iface: str) -> dict[str, str]:
     """Return what `horovodrun --gloo` gives each worker: the rendezvous address and the worker's slot."""
     env = {
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
-        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": iface,
-        "GLOO_SOCKET_IFNAME": iface,  # torch.distributed's gloo listens there too
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
         "HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size,
         "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
         "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
     }
+    if iface:  # Horovod's and torch.distributed's Gloo listen on this interface only
+        env.update(HOROVOD_GLOO_IFACE=iface, GLOO_SOCKET_IFNAME=iface)
     return {k: str(v) for k, v in env.items()}
+
+
+def parse_hosts(hosts: str, n: int, ip: str) -> dict[str, int]:
+    """Parse horovodrun's "server1:4,server2:4" into {host: slots}; check it adds up to n."""
+    try:
+        out = {h: int(k) for h, k in (part.rsplit(":", 1) for part in hosts.split(","))}
+    except ValueError:
+        raise ValueError(f"hosts={hosts!r}: write it as horovodrun does, e.g. 'server1:4,server2:4'") from None
+    if sum(out.values()) != n:
+        raise ValueError(f"hosts={hosts!r} has {sum(out.values())} slots but n={n}")
+    if ip == LOCALHOST:
+        raise ValueError("several hosts need ip= an address of this machine that they can reach "
+                         "(servers then listen there instead of 127.0.0.1)")
+    return out
 
 
 def _find_mpiexec(mpiexec: str | None) -> str | None:
@@ -243,9 +258,10 @@ class Cluster:
     """N engines as one job. Use `kit.cluster.start(...)` to make one."""
 
     def __init__(self, n=2, backend="gloo", *, timeout=DEFAULT_TIMEOUT, share_gpus=False, threads=None,
-                 mpiexec=None, ip=LOCALHOST, quiet=False):
+                 mpiexec=None, hosts=None, ip=LOCALHOST, quiet=False):
         _check_args(n, backend, timeout, mpiexec)
-        if ip == LOCALHOST:
+        self.hosts = parse_hosts(hosts, n, ip) if hosts else None
+        if not self.hosts:
             _gpu_plan(n, share_gpus)  # all n engines on this host: fail before starting anything
         self.n, self.backend, self.timeout = n, backend, float(timeout)
         self.share_gpus, self.threads, self.mpiexec, self.ip, self.quiet = share_gpus, threads, mpiexec, ip, quiet
@@ -291,10 +307,17 @@ class Cluster:
                 # More ranks than cores needs --oversubscribe (the env-var form failed intermittently here).
                 cfg.mpi_args = ["--oversubscribe"]
                 # Open MPI refuses to run as root without these; set for the processes we start only.
-                cfg.environment = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                                   "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo"}
-            self.client = self._ipp.start_and_connect_sync(n=self.n)
-            self.client.wait_for_engines(self.n, timeout=max(60, self.timeout))
+                cfg.environment = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+                if self.hosts:
+                    cfg.mpi_args += ["-H", ",".join(f"{h}:{k}" for h, k in self.hosts.items())]
+                else:  # one host: MPI's own traffic stays on loopback too
+                    cfg.environment.update(OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+            elif self.hosts:
+                self._ipp.engine_launcher_class = "ssh"
+                self._ipp.config.SSHEngineSetLauncher.engines = dict(self.hosts)
+            self._ipp.start_cluster_sync(n=self.n)
+            self.client = self._ipp.connect_client_sync()
+            self.client.wait_for_engines(self.n, timeout=max(60, self.timeout), interactive=False)
             self._setup_engines()
             self._procs = self._new_processes()
             self._watch_engines()
@@ -534,6 +557,7 @@ def start(n: int = 2, backend: str = "gloo", **kwargs) -> Cluster:
 
     kwargs: timeout (s, default 60: how long a collective waits for a dead peer), share_gpus (allow more
     engines than GPUs), threads (framework threads per engine; default cores // engines per host),
-    mpiexec (path), ip (what servers bind; default 127.0.0.1), quiet.
+    mpiexec (path), hosts ("server1:4,server2:4": engines over MPI -H or ipyparallel SSH engines),
+    ip (the address servers bind; default 127.0.0.1, needed otherwise with hosts), quiet.
     """
     return Cluster(n, backend, **kwargs).start()

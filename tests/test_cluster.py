@@ -41,6 +41,16 @@ def test_gloo_env_is_what_horovodrun_gives_a_worker():
     assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
 
 
+def test_hosts_are_parsed_like_horovodrun_and_must_add_up():
+    assert kc.parse_hosts("server1:4,server2:2", 6, ip="10.0.0.1") == {"server1": 4, "server2": 2}
+    with pytest.raises(ValueError, match="6 slots but n=4"):
+        kc.parse_hosts("server1:4,server2:2", 4, ip="10.0.0.1")
+    with pytest.raises(ValueError, match="ip="):
+        kc.parse_hosts("server1:4", 4, ip="127.0.0.1")
+    with pytest.raises(ValueError, match="server1:4,server2:4"):
+        kc.parse_hosts("server1", 1, ip="10.0.0.1")
+
+
 # ------------------------------------------------------------------ bad input: clear error, nothing started
 @pytest.mark.parametrize("kwargs, match", [
     (dict(n=0), "n must be"), (dict(n=-2), "n must be"), (dict(n="2"), "n must be"),
