@@ -14,12 +14,10 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 
 from . import sysinfo
@@ -202,6 +200,13 @@ def _engine_check_horovod():
     return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "sum": total}
 
 
+def _engine_free_address():
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return socket.gethostname(), s.getsockname()[1]
+
+
 def _engine_init_process_group(init_method, timeout):
     import datetime
     import os
@@ -374,8 +379,9 @@ class Cluster:
             # One host: a FileStore rendezvous, so no TCP store server listens anywhere.
             path = os.path.join(self._profile, f"torch-dist-{time.time_ns()}")
             init_method = f"file://{path}"
-        else:
-            init_method = f"tcp://{self.ip}:{_free_port(self.ip)}"
+        else:  # the TCP store listens on rank 0's host
+            host, port = self.client[self.engine_of(0)].apply_sync(_engine_free_address)
+            init_method = f"tcp://{host}:{port}"
         res = self.view.apply_async(_engine_init_process_group, init_method, self.timeout)
         out = self.wait(res)
         ranks = {eid: r["rank"] for eid, r in zip(self.view.targets, out)}
@@ -536,13 +542,7 @@ def _in_ipython() -> bool:
     return get_ipython() is not None
 
 
-def _free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
-
-
-_LIVE: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+_LIVE: set[Cluster] = set()   # started and not yet stopped: the kernel's exit stops them
 
 
 @atexit.register

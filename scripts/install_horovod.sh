@@ -56,8 +56,10 @@ if [ -z "$wheel" ]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   log="$cache/build.log"
-  "$PY" -m pip download --quiet --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
-    || die "could not download the horovod==$HOROVOD_VERSION sdist from PyPI"
+  if ! "$PY" -m pip download --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" >"$work/dl.log" 2>&1
+  then
+    tail -n 20 "$work/dl.log" >&2; die "could not download the horovod==$HOROVOD_VERSION sdist from PyPI"
+  fi
   tar xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
   (cd "$work/horovod-$HOROVOD_VERSION" && git apply -p1 "$patch_file") || die "the compat patch did not apply"
   gpu_env=()

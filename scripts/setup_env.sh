@@ -21,9 +21,10 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "setup_env: creating $VENV"
   "$PYTHON_BOOT" -m venv "$VENV" || { echo "setup_env: ERROR: 'python3 -m venv' failed; on Debian/Ubuntu: apt install python3-venv" >&2; exit 1; }
 fi
-"$VENV/bin/python" -m pip install --quiet --upgrade pip
-echo "setup_env: installing the pinned packages (pyproject.toml)"
-"$VENV/bin/python" -m pip install --quiet -e .
+quiet() { grep -v -e "^WARNING: Location 'file:" -e "BuildBackendWarning" || true; }  # mirror/setuptools noise
+"$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | quiet
+echo "setup_env: installing the pinned packages (pyproject.toml; ~1 GB of wheels the first time)"
+"$VENV/bin/python" -m pip install --quiet -e . 2>&1 | quiet
 PYTHON="$VENV/bin/python" bash scripts/install_horovod.sh
 echo "$stamp" >"$VENV/.kit-stamp"
 echo "setup_env: $VENV ready"
