@@ -157,27 +157,20 @@ class Traffic:
     seconds: float = 0.0     # wall time of the call
     peers: set = field(default_factory=set)   # ranks this rank sent to
 
-    def __iadd__(self, other: "Traffic"):
-        self.sent += other.sent
-        self.received += other.received
-        self.messages += other.messages
-        self.seconds += other.seconds
-        self.peers |= other.peers
-        return self
-
 
 _DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int16", "int32", "int64")
 _MAX_DIMS = 8
 
 
-def _describe(tensor) -> "torch.Tensor":
+def _describe(tensor):
     """Return (dtype code, ndim, shape...) as a fixed-length int64 tensor: the metadata ranks compare."""
+    import zlib
     import torch
     name = str(tensor.dtype).removeprefix("torch.")
     shape = list(tensor.shape)
-    code = _DTYPES.index(name) if name in _DTYPES else len(_DTYPES) + hash(name) % 1000
+    code = _DTYPES.index(name) if name in _DTYPES else len(_DTYPES) + zlib.crc32(name.encode()) % 1000
     if len(shape) > _MAX_DIMS:   # fold the extra dimensions into a checksum slot
-        shape = shape[:_MAX_DIMS - 1] + [hash(tuple(shape)) % (2**31)]
+        shape = shape[:_MAX_DIMS - 1] + [zlib.crc32(str(shape).encode()) % (2**31)]
     return torch.tensor([code, tensor.dim(), *shape, *[-1] * (_MAX_DIMS - len(shape))], dtype=torch.int64)
 
 
@@ -187,12 +180,12 @@ def _decode(meta) -> str:
     return f"shape {tuple(shape[:ndim]) if ndim <= _MAX_DIMS else '(>8 dims)'}, {dtype}"
 
 
-def check_same(tensor, group=None):
+def check_same(tensor):
     """Raise RingError on every rank unless all ranks hold a tensor of one shape and dtype (moves no data)."""
     import torch.distributed as dist
     meta = _describe(tensor)
-    every = [meta.clone() for _ in range(dist.get_world_size(group))]
-    _guard(lambda: dist.all_gather(every, meta, group=group), "compare shapes")
+    every = [meta.clone() for _ in range(dist.get_world_size())]
+    _guard(lambda: dist.all_gather(every, meta), "compare shapes")
     if any(not m.equal(every[0]) for m in every):
         have = "; ".join(f"rank {r}: {_decode(m)}" for r, m in enumerate(every))
         raise RingError(f"allreduce needs one shape and dtype on every rank, got {have}")
@@ -210,19 +203,20 @@ def _guard(call, what):
                         f"(the process group's timeout): {e}") from e
 
 
-def _exchange(send, recv, right, left, traffic, group=None):
-    """Send `send` to the right and receive `recv` from the left at the same time (one chunk time, not two)."""
+def _send(piece, right, traffic):
+    """Start sending one piece to the right neighbour; count its bytes."""
     import torch.distributed as dist
-    reqs = []
-    if recv.numel():
-        reqs.append(dist.irecv(recv, src=left, group=group))
-    if send.numel():
-        reqs.append(dist.isend(send, dst=right, group=group))
-        traffic.sent += send.numel() * send.element_size()
-        traffic.messages += 1
-        traffic.peers.add(right)
-    traffic.received += recv.numel() * recv.element_size()
-    return reqs
+    traffic.sent += piece.numel() * piece.element_size()
+    traffic.messages += 1
+    traffic.peers.add(right)
+    return dist.isend(piece, dst=right)
+
+
+def _recv(into, left, traffic):
+    """Start receiving one piece from the left neighbour; count its bytes."""
+    import torch.distributed as dist
+    traffic.received += into.numel() * into.element_size()
+    return dist.irecv(into, src=left)
 
 
 def _wait(reqs, what):
@@ -230,90 +224,97 @@ def _wait(reqs, what):
         _guard(q.wait, what)
 
 
-def _pieces(bounds: tuple[int, int], pipeline: int) -> list[tuple[int, int]]:
-    """Cut one chunk into `pipeline` sub-chunks, so adding one overlaps receiving the next."""
+def _pieces(bounds: tuple[int, int], piece: int) -> list[tuple[int, int]]:
+    """Cut the chunk [start, stop) into pieces of at most `piece` elements (none if the chunk is empty)."""
     start, stop = bounds
-    return [(start + a, start + b) for a, b in chunk_bounds(stop - start, pipeline)]
+    return [(a, min(a + piece, stop)) for a in range(start, stop, max(piece, 1))]
 
 
-def scatter_reduce(flat, rank, size, traffic, pipeline=1, group=None):
-    """N-1 steps: each rank sends a chunk right, adds the one from the left; rank r ends owning chunk (r+1) % N."""
+def scatter_reduce(flat, rank, size, traffic, piece):
+    """N-1 steps: send a chunk right while adding the one from the left; rank r ends owning chunk (r+1) % N.
+
+    Each chunk moves as pieces of `piece` elements: the left neighbour's piece i+1 arrives in one scratch
+    buffer while piece i is added from the other (double buffering: small, cache-sized scratch, no big copy).
+    """
     bounds = chunk_bounds(flat.numel(), size)
     right, left = (rank + 1) % size, (rank - 1) % size
-    scratch = flat.new_empty(max(b - a for a, b in bounds))   # receive buffer, reused every step
+    scratch = [flat.new_empty(min(piece, max(b - a for a, b in bounds))) for _ in range(2)]
     for s in range(size - 1):
-        out = _pieces(bounds[send_chunk(rank, s, size, "scatter_reduce")], pipeline)
-        into = _pieces(bounds[recv_chunk(rank, s, size, "scatter_reduce")], pipeline)
-        reqs = []
-        for (a, b), (c, d) in zip(out, into):
-            reqs.append(_exchange(flat[a:b], scratch[c - into[0][0]:d - into[0][0]], right, left, traffic, group))
-        for (c, d), pair in zip(into, reqs):
-            _wait(pair, f"scatter-reduce step {s + 1}")
-            flat[c:d] += scratch[c - into[0][0]:d - into[0][0]]   # in place, on a view of the flat buffer
+        out = _pieces(bounds[send_chunk(rank, s, size, "scatter_reduce")], piece)
+        into = _pieces(bounds[recv_chunk(rank, s, size, "scatter_reduce")], piece)
+        sends = [_send(flat[a:b], right, traffic) for a, b in out]   # send and receive overlap
+        recvs = [_recv(scratch[i][:d - c], left, traffic) for i, (c, d) in enumerate(into[:2])]
+        for i, (c, d) in enumerate(into):
+            _wait([recvs[i]], f"scatter-reduce step {s + 1}")
+            flat[c:d] += scratch[i % 2][:d - c]            # in place, on a view of the flat buffer
+            if i + 2 < len(into):
+                c2, d2 = into[i + 2]
+                recvs.append(_recv(scratch[i % 2][:d2 - c2], left, traffic))
+        _wait(sends, f"scatter-reduce step {s + 1}")
 
 
-def allgather(flat, rank, size, traffic, group=None):
-    """N-1 steps: each rank passes the newest complete chunk right, receiving straight into its own buffer."""
+def allgather(flat, rank, size, traffic):
+    """N-1 steps: pass the newest complete chunk right, receiving the left one straight into the flat buffer."""
     bounds = chunk_bounds(flat.numel(), size)
     right, left = (rank + 1) % size, (rank - 1) % size
     for s in range(size - 1):
         a, b = bounds[send_chunk(rank, s, size, "allgather")]
         c, d = bounds[recv_chunk(rank, s, size, "allgather")]
-        _wait(_exchange(flat[a:b], flat[c:d], right, left, traffic, group), f"allgather step {s + 1}")
+        reqs = [_recv(flat[c:d], left, traffic)] if d > c else []
+        reqs += [_send(flat[a:b], right, traffic)] if b > a else []
+        _wait(reqs, f"allgather step {s + 1}")
 
 
-def allreduce(tensor, *, pipeline: int | None = None, check: bool = True, group=None) -> Traffic:
+def allreduce(tensor, *, piece_bytes: int = 4 * 2**20, check: bool = True) -> Traffic:
     """Sum `tensor` over all ranks IN PLACE with the ring (neighbours only); return this rank's Traffic.
 
-    Call it on every rank of the torch.distributed group (cluster.init_process_group()). pipeline: sub-chunks per
-    chunk (default: about 1 MB each); check: first compare shapes/dtypes across ranks (a tiny allgather).
+    Call it on every rank of the torch.distributed group (cluster.init_process_group()). piece_bytes: the size
+    of the pieces a chunk is pipelined in; check: first compare shapes/dtypes across ranks (a tiny allgather).
     """
     import torch.distributed as dist
     t0 = time.perf_counter()
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    rank, size = dist.get_rank(), dist.get_world_size()
     if check:
-        check_same(tensor, group)
+        check_same(tensor)
     traffic = Traffic()
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)
     if size > 1 and flat.numel():
-        chunk_bytes = flat.numel() * flat.element_size() / size
-        pipeline = pipeline or max(1, min(16, round(chunk_bytes / 2**20)))
-        scatter_reduce(flat, rank, size, traffic, pipeline, group)
-        allgather(flat, rank, size, traffic, group)
+        scatter_reduce(flat, rank, size, traffic, max(1, piece_bytes // flat.element_size()))
+        allgather(flat, rank, size, traffic)
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     traffic.seconds = time.perf_counter() - t0
     return traffic
 
 
-def allreduce_naive(tensor, *, check: bool = True, group=None) -> Traffic:
+def allreduce_naive(tensor, *, check: bool = True) -> Traffic:
     """Sum `tensor` IN PLACE the parameter-server way: everyone sends to rank 0, rank 0 sends the sum back.
 
     Here to learn from: rank 0 receives and sends (N-1)·K bytes, so its link is the bottleneck as N grows.
     """
     import torch.distributed as dist
     t0 = time.perf_counter()
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    rank, size = dist.get_rank(), dist.get_world_size()
     if check:
-        check_same(tensor, group)
+        check_same(tensor)
     traffic = Traffic()
     flat = tensor.contiguous().view(-1)
     nbytes = flat.numel() * flat.element_size()
     if size > 1 and flat.numel():
         if rank == 0:
             inbox = [flat.new_empty(flat.numel()) for _ in range(1, size)]
-            reqs = [dist.irecv(buf, src=src, group=group) for src, buf in enumerate(inbox, start=1)]
+            reqs = [dist.irecv(buf, src=src) for src, buf in enumerate(inbox, start=1)]
             for q, buf in zip(reqs, inbox):
                 _guard(q.wait, "gather to rank 0")
                 flat += buf
             traffic.received += nbytes * (size - 1)
-            _wait([dist.isend(flat, dst=dst, group=group) for dst in range(1, size)], "broadcast from rank 0")
+            _wait([dist.isend(flat, dst=dst) for dst in range(1, size)], "broadcast from rank 0")
             traffic.sent += nbytes * (size - 1)
             traffic.messages += size - 1
             traffic.peers |= set(range(1, size))
         else:
-            _wait([dist.isend(flat, dst=0, group=group)], "send to rank 0")
-            _wait([dist.irecv(flat, src=0, group=group)], "receive from rank 0")
+            _wait([dist.isend(flat, dst=0)], "send to rank 0")
+            _wait([dist.irecv(flat, src=0)], "receive from rank 0")
             traffic.sent, traffic.received, traffic.messages, traffic.peers = nbytes, nbytes, 1, {0}
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
@@ -336,16 +337,6 @@ def t_comm_ring(n, k, alpha, b):
 def busbw(nbytes: float, seconds: float, n: int) -> float:
     """Return the bus bandwidth (bytes/s) of an allreduce, the nccl-tests convention: size/time · 2(N-1)/N."""
     return nbytes / seconds * 2 * (n - 1) / n
-
-
-def t_comm_ps(n, k, alpha, b):
-    """Return the parameter-server time from notebook 02 (kit.ps); inline 2(α + N·K/B) until kit.ps has it."""
-    try:
-        from .ps import t_comm_ps as from_ps
-    except ImportError:
-        n = np.asarray(n, dtype=float)
-        return 2 * (alpha + n * k / b)
-    return from_ps(n, k, alpha, b)
 
 
 def fit_alpha_beta(n: int, nbytes, seconds) -> tuple[float, float]:
@@ -435,10 +426,10 @@ def _ring_one_by_one(tensors, name):
         allreduce(t)
 
 
-def _ring_fused(tensors, name):
+def allreduce_fused(tensors, name=None):
     """Copy the tensors into one flat buffer, allreduce it once, copy the sums back: tensor fusion by hand."""
     import torch
-    flat = torch.cat([t.view(-1) for t in tensors])
+    flat = torch.cat([t.reshape(-1) for t in tensors])
     allreduce(flat)
     for t, piece in zip(tensors, flat.split([t.numel() for t in tensors])):
         t.copy_(piece.view_as(t))
@@ -458,7 +449,7 @@ def _horovod_fused(tensors, name):
         hvd.synchronize(h)
 
 
-_fusion_modes = {("ring", "one_by_one"): _ring_one_by_one, ("ring", "fused"): _ring_fused,
+_fusion_modes = {("ring", "one_by_one"): _ring_one_by_one, ("ring", "fused"): allreduce_fused,
                  ("horovod", "one_by_one"): _horovod_one_by_one, ("horovod", "fused"): _horovod_fused}
 
 
@@ -530,6 +521,7 @@ def plot_busbw(records: list[dict], ax=None):
 def plot_model(alpha: float, b: float, k: int, measured: dict | None = None, ns=None, ax=None):
     """Plot the α–β time of ring vs parameter server for N = 2 ... 1024, with measured points {impl: {N: s}}."""
     import matplotlib.pyplot as plt
+    from .ps import t_comm_ps   # notebook 02's parameter-server model
     ns = np.unique(np.geomspace(2, 1024, 60).astype(int)) if ns is None else np.asarray(ns)
     ax = ax or plt.subplots(figsize=(7, 4.5))[1]
     ax.plot(ns, t_comm_ring(ns, k, alpha, b), label="ring model: 2(N-1)α + 2(N-1)/N·K/B")
@@ -541,3 +533,84 @@ def plot_model(alpha: float, b: float, k: int, measured: dict | None = None, ns=
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return ax
+
+
+def fusion_table(view, count: int = 100, numel: int = 1024, reps: int = 3, impls=("ring", "horovod")) -> dict:
+    """Return {impl: {"one_by_one": s, "fused": s}} for `count` tensors of `numel` float32 (slowest rank)."""
+    out = {}
+    for impl in impls:
+        per_rank = view.apply_sync(time_fusion, impl, count, numel, reps)
+        out[impl] = {mode: max(r[mode] for r in per_rank) for mode in ("one_by_one", "fused")}
+    return out
+
+
+def plot_fusion(fusion: dict, count: int, ax=None):
+    """Bar chart: time for `count` small allreduces, one by one vs fused, per implementation."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(7, 3.5))[1]
+    names = list(fusion)
+    x = np.arange(len(names))
+    for i, mode in enumerate(("one_by_one", "fused")):
+        ax.bar(x + (i - 0.5) * 0.38, [fusion[k][mode] * 1e3 for k in names], 0.38, label=mode.replace("_", " "))
+    ax.set_xticks(x, names, fontsize=8)
+    ax.set(yscale="log", ylabel="ms (log)", title=f"{count} small tensors: one by one vs fused")
+    ax.legend()
+    return ax
+
+
+# ----------------------------------------------------------------------------------- the benchmark
+LABELS = {"ring": "kit ring", "naive": "naive (gather to rank 0 + broadcast)", "torch": "torch.distributed (gloo)"}
+
+
+def bench(out_dir, quick: bool = False):
+    """python -m kit.bench allreduce: busbw vs size for 5 implementations at N=2, fusion, model vs N."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from . import cluster as kc
+    from . import ps
+    reps, hi = (2, 64 * 2**20) if quick else (5, 256 * 2**20)
+    grid = sizes(4 * 2**10, hi, 16 if quick else 4)
+    k_model, goal = 16 * 2**20, 64 * 2**20
+    grid = sorted({*grid, goal})
+    records, fusion, model_points = [], {}, {"kit ring": {}, "naive, N+1 ranks (rank 0 = server)": {}}
+    with kc.start(n=2, backend="gloo", quiet=True) as c:
+        c.init_process_group()
+        for impl in ("ring", "naive", "torch", "horovod"):
+            records += measure(c.view, impl, grid, reps, label=LABELS.get(impl, "Horovod (Gloo)"))
+        ab = ps.measure_alpha_beta(c)
+        model_points["kit ring"][2] = measure(c.view, "ring", [k_model], reps)[0]["seconds"]
+        f = fusion_table(c.view)
+        fusion.update({"kit ring": f["ring"], "Horovod (Gloo)": f["horovod"]})
+        c.view.apply_sync(horovod_restart, fusion_threshold=0)
+        fusion["Horovod (Gloo), fusion off"] = fusion_table(c.view, impls=("horovod",))["horovod"]
+    with kc.start(n=2, backend="mpi", quiet=True) as c:
+        c.init_process_group()
+        records += measure(c.view, "horovod", grid, reps, label="Horovod (MPI)")
+        fusion["Horovod (MPI)"] = fusion_table(c.view, impls=("horovod",))["horovod"]
+        c.view.apply_sync(horovod_restart, cycle_time=10)
+        fusion["Horovod (MPI), cycle 10 ms"] = fusion_table(c.view, impls=("horovod",))["horovod"]
+    for n in (3,) if quick else (3, 4):
+        with kc.start(n=n, backend="gloo", quiet=True) as c:
+            c.init_process_group()
+            model_points["kit ring"][n] = measure(c.view, "ring", [k_model], reps)[0]["seconds"]
+            model_points["naive, N+1 ranks (rank 0 = server)"][n - 1] = \
+                measure(c.view, "naive", [k_model], reps)[0]["seconds"]
+    plot_busbw(records)
+    plt.savefig(out_dir / "allreduce.png", dpi=120, bbox_inches="tight")
+    plot_model(ab["alpha"], ab["B"], k_model, model_points)
+    plt.savefig(out_dir / "allreduce_model.png", dpi=120, bbox_inches="tight")
+    plot_fusion(fusion, 100)
+    plt.savefig(out_dir / "allreduce_fusion.png", dpi=120, bbox_inches="tight")
+    plt.close("all")
+    at = {r["impl"]: r["busbw"] for r in records if r["bytes"] == goal}
+    ring_bw, gloo, mpi = at["kit ring"], at["Horovod (Gloo)"], at["Horovod (MPI)"]
+    result = {"records": records, "alpha_s": ab["alpha"], "B_bytes_per_s": ab["B"], "model_bytes": k_model,
+              "model_points": {k: {str(n): s for n, s in v.items()} for k, v in model_points.items()},
+              "fusion_100x4KB_s": fusion, "ring_vs_horovod_busbw_64MB": {"gloo": ring_bw / gloo, "mpi": ring_bw / mpi},
+              "all_correct": all(r["ok"] for r in records)}
+    summary = (f"allreduce N=2, 64 MB, busbw: kit ring {ring_bw / 1e9:.2f} GB/s, torch.distributed "
+               f"{at['torch.distributed (gloo)'] / 1e9:.2f}, Horovod Gloo {gloo / 1e9:.2f}, Horovod MPI {mpi / 1e9:.2f}"
+               f" -> kit ring = {ring_bw / max(gloo, mpi):.0%} of the best Horovod ({ring_bw / gloo:.0%} of Gloo, "
+               f"{ring_bw / mpi:.0%} of MPI; goal >= 50%)")
+    return result, summary

@@ -119,6 +119,9 @@ def _engine_compare(shape, dtype, seed):
         out[name] = t.numpy()
         if traffic is not None:
             out[name + "_traffic"] = (traffic.sent, traffic.received, sorted(traffic.peers))
+    t = mine.clone()
+    ring.allreduce(t, piece_bytes=3 * t.element_size())     # many 3-element pieces: the double buffering
+    out["ring_pieces"] = t.numpy()
     out["horovod"] = hvd.allreduce(mine.clone(), op=hvd.Sum, name=f"cmp{shape}{dtype}{seed}").numpy()
     return {"rank": rank, "inputs": inputs, **out}
 
@@ -129,7 +132,7 @@ def test_ring_on_engines_equals_numpy_torch_horovod(cluster3, dtype):
         outs = cluster3.view.apply_sync(_engine_compare, shape, dtype, i)
         want = np.sum(outs[0]["inputs"], axis=0)
         for o in outs:
-            for name in ("ring", "naive", "torch", "horovod"):
+            for name in ("ring", "ring_pieces", "naive", "torch", "horovod"):
                 assert o[name].shape == shape and o[name].dtype == dtype, (name, shape)
                 np.testing.assert_allclose(o[name], want, **TOL[dtype], err_msg=f"{name} {shape}")
             np.testing.assert_allclose(o["ring"], o["torch"], **TOL[dtype])
