@@ -21,10 +21,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "setup_env: creating $VENV"
   "$PYTHON_BOOT" -m venv "$VENV" || { echo "setup_env: ERROR: 'python3 -m venv' failed; on Debian/Ubuntu: apt install python3-venv" >&2; exit 1; }
 fi
-quiet() { grep -v -e "^WARNING: Location 'file:" -e "BuildBackendWarning" || true; }  # mirror/setuptools noise
-"$VENV/bin/python" -m pip install --quiet --upgrade pip 2>&1 | quiet
+log="$VENV/pip-install.log"
+pip_install() {  # quiet unless it fails; then the log's tail says why
+  "$VENV/bin/python" -m pip install "$@" >"$log" 2>&1 \
+    || { tail -n 40 "$log" >&2; echo "setup_env: ERROR: pip install $* failed (log: $log)" >&2; exit 1; }
+}
+pip_install --upgrade pip
 echo "setup_env: installing the pinned packages (pyproject.toml; ~1 GB of wheels the first time)"
-"$VENV/bin/python" -m pip install --quiet -e . 2>&1 | quiet
+pip_install -e .
 PYTHON="$VENV/bin/python" bash scripts/install_horovod.sh
 echo "$stamp" >"$VENV/.kit-stamp"
 echo "setup_env: $VENV ready"
