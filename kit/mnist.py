@@ -28,8 +28,33 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 BATCH = 128             # the classic example's batch size (per worker)
 BASE_EPOCHS = 12        # the classic example trains 12 epochs on one GPU
 BASE_LR = 1.0           # Adadelta's learning rate in the classic Keras example
+WARMUP_EPOCHS = 3       # gradual warmup from lr to lr * size (Goyal et al.; Horovod's Keras example uses 3)
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "train_keras_mnist.py"
+
+
+def launch_env(**extra) -> dict:
+    """Return the environment for horovodrun/mpirun children: the venv's bin on PATH; Open MPI allowed as root."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_USE_LEGACY_KERAS="1",
+               PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def import_tf_quietly():
+    """Import TensorFlow and list its devices with the C++ start-up log lines (fd 2) silenced; return tf."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import tensorflow as tf
+        tf.config.list_physical_devices()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+    return tf
 
 
 def keras():
@@ -71,6 +96,16 @@ def shard(x: np.ndarray, y: np.ndarray, rank: int, size: int) -> tuple[np.ndarra
 def epochs_for(size: int, base: int = BASE_EPOCHS) -> int:
     """Return ceil(base / size): with size workers each epoch does size times the work of one."""
     return math.ceil(base / size)
+
+
+def time_epoch(model, x, y, tries: int = 2) -> float:
+    """Return the best of `tries` wall times (s) for one epoch of model.fit on (x, y) with batch BATCH."""
+    best = float("inf")
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def weights_digest(model) -> str:
@@ -178,7 +213,7 @@ def checkpoint_callback(ckpt_dir, keep: int = 3):
 
 
 # ----------------------------------------------------------------------------------- progress and speed
-def epoch_log(total_epochs: int, samples_per_epoch: int, history: list | None = None):
+def epoch_log(samples_per_epoch: int, history: list | None = None):
     """Return a Keras callback printing one line per epoch (loss, accuracy, samples/s), flushed at once."""
     class EpochLog(keras().callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -191,8 +226,8 @@ def epoch_log(total_epochs: int, samples_per_epoch: int, history: list | None = 
             if history is not None:
                 history.append(row)
             val = f"  val_acc {row['val_accuracy']:.4f}" if "val_accuracy" in row else ""
-            print(f"epoch {epoch + 1:2d}/{total_epochs}  loss {row['loss']:.4f}  acc {row['accuracy']:.4f}{val}"
-                  f"  {dt:5.1f} s  {row['samples_per_s']:,.0f} samples/s", flush=True)
+            print(f"epoch {epoch + 1:2d}/{self.params['epochs']}  loss {row['loss']:.4f}  "
+                  f"acc {row['accuracy']:.4f}{val}  {dt:5.1f} s  {row['samples_per_s']:,.0f} samples/s", flush=True)
     return EpochLog()
 
 
@@ -232,26 +267,40 @@ def pin_to_core(local_rank: int) -> int:
 
 
 # ----------------------------------------------------------------------------------- throughput
-def synthetic_throughput(hvd, steps: int = 60, warmup: int = 10, batch: int = BATCH) -> dict:
-    """Train the CNN on random data for warmup + steps batches per rank; return samples/s of the whole job."""
+def engine_throughput(steps: int = 60, distributed: bool = True) -> dict:
+    """Run synthetic_throughput on an engine: with Horovod (every rank must call it) or as one plain process."""
+    import horovod.tensorflow.keras as hvd
+    return synthetic_throughput(hvd if distributed else None, steps=steps)
+
+
+def synthetic_throughput(hvd=None, steps: int = 60, warmup: int = 10, batch: int = BATCH) -> dict:
+    """Train the CNN on random data for warmup + steps batches per rank; return the job's samples/s.
+
+    hvd=None: one plain Keras process (the baseline); else every rank of the Horovod job must call it.
+    """
     import tensorflow as tf
-    rng = np.random.default_rng(hvd.rank())
+    rank, size = (hvd.rank(), hvd.size()) if hvd else (0, 1)
+    rng = np.random.default_rng(rank)
     n = (warmup + steps) * batch
-    x = rng.random((n, 28, 28, 1), dtype=np.float32)
-    y = rng.integers(0, 10, n)
+    x, y = rng.random((n, 28, 28, 1), dtype=np.float32), rng.integers(0, 10, n)
     model = build_model()
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(BASE_LR * hvd.size()))
-    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
+    opt = tf.keras.optimizers.Adadelta(BASE_LR * size)
     out = {}
-    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-                         throughput_callback(warmup, batch, hvd.size(), out)])
-    from horovod.tensorflow import allgather_object
-    every = allgather_object(out, name="kit.mnist.thr")
-    return {"size": hvd.size(), "samples_per_s": min(r["samples_per_s"] for r in every),
+    callbacks = [throughput_callback(warmup, batch, size, out)]
+    if hvd:
+        opt = hvd.DistributedOptimizer(opt)                                # Horovod: average gradients
+        callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(0))  # Horovod: same start
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    if hvd:
+        from horovod.tensorflow import allgather_object
+        every = allgather_object(out, name="kit.mnist.throughput")
+    else:
+        every = [out]
+    return {"size": size, "samples_per_s": min(r["samples_per_s"] for r in every),
             "cores_busy": [round(r["cores_busy"], 2) for r in every], "steps": steps, "batch": batch,
-            "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
-            "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+            "intra_op": os.environ.get("TF_NUM_INTRAOP_THREADS", "default"),
+            "inter_op": os.environ.get("TF_NUM_INTEROP_THREADS", "default"),
             "affinity": sorted(os.sched_getaffinity(0))}
 
 
@@ -313,3 +362,150 @@ def plot_timeline(intervals: list[dict], start: float = 0.0, seconds: float | No
     ax.set_xlabel("time (ms)")
     ax.set_title("Horovod timeline: allreduce phases per gradient tensor (rank 0's view)")
     return ax
+
+
+# ----------------------------------------------------------------------------------- plots
+def plot_history(history: list[dict], title: str = ""):
+    """Plot loss and accuracy (train and test) per epoch."""
+    import matplotlib.pyplot as plt
+    epochs = [h["epoch"] for h in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2))
+    a.plot(epochs, [h["loss"] for h in history], "o-", label="train")
+    a.plot(epochs, [h["val_loss"] for h in history], "s--", label="test")
+    b.plot(epochs, [h["accuracy"] for h in history], "o-", label="train")
+    b.plot(epochs, [h["val_accuracy"] for h in history], "s--", label="test")
+    for ax, name in ((a, "loss"), (b, "accuracy")):
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(name)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_throughput(runs: dict[str, list[float]], ax=None):
+    """Plot samples/s per repeat for each setting (e.g. {'1 worker': [...], '2 workers': [...]})."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.2))
+    for i, (name, values) in enumerate(runs.items()):
+        ax.scatter([i] * len(values), values, alpha=0.7)
+        ax.hlines(np.median(values), i - 0.25, i + 0.25, color="k")
+    ax.set_xticks(range(len(runs)), list(runs))
+    ax.set_ylabel("samples/s (whole job)")
+    ax.set_ylim(0, None)
+    ax.set_title("throughput per run (bar = median)")
+    return ax
+
+
+# ----------------------------------------------------------------------------------- the same in PyTorch
+def torch_model():
+    """Return the classic MNIST CNN in PyTorch (same layers as build_model)."""
+    import torch.nn as nn
+    return nn.Sequential(
+        nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Dropout(0.25),
+        nn.Flatten(), nn.Linear(9216, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 10))
+
+
+# ----------------------------------------------------------------------------------- the benchmark
+SETTINGS = {   # what each worker gets; "one compute thread per worker" needs more than intra-op = 1
+    "tf_defaults": ["--threads", "1"],                                         # TF's inter-op pool, no pinning
+    "pinned": ["--threads", "1", "--inter-op-threads", "1", "--pin"],          # 1 thread, 1 core per worker
+}
+
+
+def run_script(n: int, args: list[str], launcher: str = "gloo", env: dict | None = None, timeout: float = 1800):
+    """Run scripts/train_keras_mnist.py on n local workers (horovodrun --gloo or mpirun); return rank 0's JSON."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "result.json"
+        bin_ = Path(sys.executable).parent
+        if launcher == "gloo":
+            cmd = [str(bin_ / "horovodrun"), "--gloo", "-np", str(n), "-H", f"localhost:{n}"]
+        else:
+            cmd = [str(bin_ / "mpirun"), "--oversubscribe", "-np", str(n)]
+        cmd += [sys.executable, str(SCRIPT), *args, "--json", str(out)]
+        p = subprocess.run(cmd, env=launch_env(**(env or {})), capture_output=True, text=True, timeout=timeout,
+                           cwd=REPO)
+        if p.returncode or not out.exists():
+            raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+        return json.loads(out.read_text())
+
+
+def paired_throughput(args: list[str], repeats: int, steps: int, n: int = 2, launcher: str = "gloo") -> dict:
+    """Measure samples/s of 1 worker, then n workers, `repeats` times; return both lists and the paired speed-ups."""
+    rows = []
+    for _ in range(repeats):
+        one = run_script(1, ["--synthetic-steps", str(steps), *args], launcher)
+        many = run_script(n, ["--synthetic-steps", str(steps), *args], launcher)
+        rows.append({"thr_1": one["samples_per_s"], "thr_n": many["samples_per_s"],
+                     "busy_1": one["cores_busy"], "busy_n": many["cores_busy"]})
+    speedups = [r["thr_n"] / r["thr_1"] for r in rows]
+    return {"args": args, "launcher": launcher, "n": n, "steps": steps, "runs": rows,
+            "median_thr_1": float(np.median([r["thr_1"] for r in rows])),
+            "median_thr_n": float(np.median([r["thr_n"] for r in rows])),
+            "speedup": float(np.median(speedups)), "efficiency": float(np.median(speedups)) / n}
+
+
+def explain_threads(result: dict) -> str:
+    """Return the benchmark's throughput table as text: per setting, 1 vs 2 workers, speed-up, cores busy."""
+    lines = [f"{'setting':34s} {'1 worker':>15s} {'2 workers':>15s} {'speed-up':>9s} {'cores busy 1w | 2w':>22s}"]
+    names = {"tf_defaults": "intra-op 1, TF's inter-op pool", "pinned": "1 thread + pinned core (Gloo)",
+             "pinned_mpi": "1 thread + pinned core (MPI)"}
+    for key, t in result["throughput"].items():
+        one = [r["thr_1"] for r in t["runs"]]
+        two = [r["thr_n"] for r in t["runs"]]
+        busy1 = np.median([sum(r["busy_1"]) for r in t["runs"]])
+        busy2 = np.median([sum(r["busy_n"]) for r in t["runs"]])
+        lines.append(f"{names.get(key, key):34s} {min(one):6,.0f}-{max(one):<6,.0f}  {min(two):6,.0f}-{max(two):<6,.0f}"
+                     f"  {t['speedup']:7.2f}x {busy1:10.2f} | {busy2:.2f}")
+    lines.append(f"(samples/s, min-max over {len(t['runs'])} paired runs; speed-up = median of the paired ratios; "
+                 "cores busy = CPU time / wall time, summed over workers)")
+    return "\n".join(lines)
+
+
+def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
+    """Measure 1- vs 2-worker throughput per thread setting, and 2-worker vs 1-process accuracy; plot both."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    repeats, steps = (2, 30) if quick else (5, 60)
+    throughput = {name: paired_throughput(args, repeats, steps) for name, args in SETTINGS.items()}
+    throughput["pinned_mpi"] = paired_throughput(SETTINGS["pinned"], max(2, repeats - 2), steps, launcher="mpi")
+    timeline = Path(out_dir) / "mnist_timeline.json"
+    run_script(2, ["--synthetic-steps", "20", *SETTINGS["pinned"]], env={"HOROVOD_TIMELINE": str(timeline)})
+    data = ["--dataset", "digits", "--epochs", "6"] if quick else ["--dataset", "auto"]
+    dist = run_script(2, [*data, *SETTINGS["pinned"]])
+    single = run_script(1, [*data, "--epochs", str(dist["epochs"]), "--threads", "2"])
+    result = {"dataset": dist["dataset"], "epochs": dist["epochs"], "throughput": throughput,
+              "accuracy": {"2_workers": dist["test_accuracy"], "1_process": single["test_accuracy"]},
+              "history": {"2_workers": dist["history"], "1_process": single["history"]},
+              "replicas_identical": dist["replicas_identical"]}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 3.8))
+    runs = {}
+    for key, t in throughput.items():
+        runs[f"{key}\n1 worker"] = [r["thr_1"] for r in t["runs"]]
+        runs[f"{key}\n2 workers"] = [r["thr_n"] for r in t["runs"]]
+    plot_throughput(runs, ax=a)
+    a.tick_params(axis="x", labelsize=7)
+    for name, h in result["history"].items():
+        b.plot([r["epoch"] for r in h], [r["val_accuracy"] for r in h], "o-", label=name.replace("_", " "))
+    b.set_xlabel("epoch")
+    b.set_ylabel(f"test accuracy ({dist['dataset']})")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(Path(out_dir) / "mnist.png", dpi=110)
+    intervals = read_timeline(timeline)
+    end = max(r["end"] for r in intervals if r["tensor"].startswith("grads"))
+    plt.close("all")
+    plot_timeline(intervals, start=end - 0.3, seconds=0.3).figure.savefig(Path(out_dir) / "mnist_timeline.png",
+                                                                        dpi=110, bbox_inches="tight")
+    plt.close("all")
+    timeline.unlink()
+    p, d = throughput["pinned"], throughput["tf_defaults"]
+    acc2, acc1 = dist["test_accuracy"], single["test_accuracy"]
+    summary = (f"mnist: {dist['dataset']} test accuracy {acc2:.4f} with 2 workers vs {acc1:.4f} in 1 process "
+               f"({dist['epochs']} epochs, diff {100 * (acc2 - acc1):+.2f} points); throughput 2 workers "
+               f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
+               f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "
+               f"TF defaults: {d['speedup']:.2f}x)")
+    return result, summary

@@ -26,8 +26,9 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-dir", default=None, help="rank 0 saves here each epoch; resumes from here")
     p.add_argument("--batch-size", type=int, default=128, help="per worker (the classic example's 128)")
     p.add_argument("--train-samples", type=int, default=None, help="use a random subset (default: all)")
-    p.add_argument("--warmup-epochs", type=float, default=3, help="learning-rate warmup (Goyal et al.)")
+    p.add_argument("--warmup-epochs", type=float, default=None, help="learning-rate warmup (Goyal et al.; default 3)")
     p.add_argument("--threads", type=int, default=None, help="TF intra-op threads per worker")
+    p.add_argument("--inter-op-threads", type=int, default=None, help="TF inter-op threads per worker")
     p.add_argument("--pin", action="store_true", help="pin each worker's threads to one core (by local rank)")
     p.add_argument("--synthetic-steps", type=int, default=0,
                    help="measure samples/s on random data for this many steps instead of training")
@@ -42,6 +43,8 @@ def main(argv=None):
         mnist.pin_to_core(mnist.local_rank_from_env())   # before TF starts its thread pools
     if args.threads:
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
+    if args.inter_op_threads:
+        os.environ["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
     import tensorflow as tf
     import horovod.tensorflow.keras as hvd
     from horovod.tensorflow import allgather_object
@@ -87,14 +90,14 @@ def main(argv=None):
         # Horovod: average the metrics over ranks, so rank 0 prints the job's loss, not its own shard's.
         hvd.callbacks.MetricAverageCallback(),
         # Horovod: ramp the learning rate from lr to lr * size over the first epochs (Goyal et al., 2017).
-        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, warmup_epochs=args.warmup_epochs,
-                                                 steps_per_epoch=len(x) // args.batch_size),
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, steps_per_epoch=len(x) // args.batch_size,
+                                                 warmup_epochs=args.warmup_epochs or mnist.WARMUP_EPOCHS),
     ]
     # Horovod (5): only rank 0 writes checkpoints and prints progress.
     if root:
         if args.checkpoint_dir:
             callbacks.append(mnist.checkpoint_callback(args.checkpoint_dir))
-        callbacks.append(mnist.epoch_log(epochs, len(x) * hvd.size(), history))
+        callbacks.append(mnist.epoch_log(len(x) * hvd.size(), history))
         print(f"training on {hvd.size()} worker(s), {len(x)} images each, epochs {initial_epoch + 1}..{epochs}",
               flush=True)
     model.fit(x, y, batch_size=args.batch_size, epochs=epochs, initial_epoch=initial_epoch, verbose=0,
