@@ -193,6 +193,8 @@ def run_engine(cfg: Config) -> dict:
     """Run this engine's part (server, worker or idle) of one parameter-server job; return its records."""
     import torch
     import torch.distributed as dist
+    if not dist.is_initialized():
+        raise PSError("this engine is in no torch.distributed group: call cluster.init_process_group() first")
     rank = dist.get_rank()
     ranks = cfg.ranks()
     timeout = cfg.timeout or float(os.environ.get("KIT_TIMEOUT", 60))
@@ -444,11 +446,14 @@ def pingpong(sizes: list[int], repeats: int, timeout: float = 60.0) -> dict | No
     return out if rank == 0 else None
 
 
-def fit_alpha_beta(sizes, seconds) -> tuple[float, float]:
-    """Fit t = alpha + size / B (least squares on relative error); return (alpha seconds, B bytes/second)."""
+def fit_alpha_beta(sizes, seconds, large: int = 1 << 20) -> tuple[float, float]:
+    """Fit t = alpha + size / B: alpha from the smallest message, B by least squares over messages >= `large`
+    bytes (gradients are large; small messages sit in caches and would flatter B); return (alpha s, B bytes/s)."""
     sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
-    slope, alpha = np.polyfit(sizes, seconds, 1, w=1 / seconds)
-    return float(max(alpha, 0.0)), float(1 / slope)
+    alpha = float(seconds[np.argmin(sizes)])
+    big = sizes >= min(large, sizes.max())
+    extra = np.maximum(seconds[big] - alpha, 1e-12)
+    return alpha, float(np.sum(sizes[big] ** 2) / np.sum(sizes[big] * extra))
 
 
 DEFAULT_SIZES = [4, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
@@ -481,8 +486,8 @@ def plot_parallelism(ax=None):
         a.add_patch(Rectangle((x, y), w, h, color=color, alpha=alpha))
         a.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8)
 
-    def arrow(a, p, q):
-        a.add_patch(FancyArrowPatch(p, q, arrowstyle="->", mutation_scale=10))
+    def arrow(a, p, q, color="k"):
+        a.add_patch(FancyArrowPatch(p, q, arrowstyle="->", mutation_scale=10, color=color))
 
     a = ax[0]
     a.set_title("model parallelism: one batch, layers split")
@@ -499,9 +504,10 @@ def plot_parallelism(ax=None):
         box(a, x, 0.05, 0.22, 0.12, f"batch 1/{3} #{d}", "grey")
         box(a, x, 0.3, 0.22, 0.25, f"full model\nworker {d}", colors[d])
         arrow(a, (x + 0.11, 0.17), (x + 0.11, 0.3))
-        arrow(a, (x + 0.07, 0.55), (0.45, 0.82))
-        arrow(a, (0.55, 0.82), (x + 0.15, 0.55))
-    a.text(0.98, 0.68, "push grads\npull params", ha="right", fontsize=8)
+        arrow(a, (x + 0.07, 0.55), (0.42 + 0.04 * d, 0.82), "tab:red")
+        arrow(a, (0.5 + 0.04 * (d - 1), 0.82), (x + 0.15, 0.55), "tab:blue")
+    a.text(1.0, 0.72, "push gradients", ha="right", fontsize=8, color="tab:red")
+    a.text(1.0, 0.65, "pull parameters", ha="right", fontsize=8, color="tab:blue")
     for a in ax:
         a.set_xlim(0, 1), a.set_ylim(0, 1), a.axis("off")
     return ax
