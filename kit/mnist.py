@@ -342,6 +342,14 @@ def timeline_summary(intervals: list[dict]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def allreduce_seconds_per_step(intervals: list[dict]) -> float:
+    """Return the data-exchange time per training step: distinct (fused) allreduces, divided by the steps seen."""
+    ops = {(round(r["start"], 6), round(r["end"], 6)) for r in intervals if r["phase"].endswith("_ALLREDUCE")
+           and not r["phase"].startswith("NEGOTIATE") and r["tensor"].startswith("grads")}
+    steps = sum(1 for r in intervals if r["phase"] == "ALLREDUCE" and r["tensor"] == "grads_0")
+    return sum(end - start for start, end in ops) / max(steps, 1)
+
+
 def plot_timeline(intervals: list[dict], start: float = 0.0, seconds: float | None = None, ax=None):
     """Draw the allreduce phases per tensor as a Gantt chart (one row per tensor, colour = phase)."""
     import matplotlib.pyplot as plt

@@ -20,12 +20,6 @@ SCRIPT = str(REPO / "scripts" / "train_keras_mnist.py")
 TINY = ["--dataset", "digits", "--train-samples", "512", "--batch-size", "32"]
 
 
-def launch_env():
-    """Environment for horovodrun/mpirun children: the venv first on PATH; Open MPI allowed to run as root."""
-    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", OMPI_ALLOW_RUN_AS_ROOT="1",
-                OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_USE_LEGACY_KERAS="1", PYTHONUNBUFFERED="1")
-
-
 def horovodrun(*args):
     return [str(BIN / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, SCRIPT, *args]
 
@@ -35,7 +29,7 @@ def mpirun(*args):
 
 
 def run(cmd, timeout=240):
-    p = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    p = subprocess.run(cmd, env=mnist.launch_env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
     assert p.returncode == 0, f"{cmd} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p.stdout + p.stderr
 
@@ -142,7 +136,7 @@ def test_killed_run_resumes_from_last_checkpoint_and_skips_a_corrupt_one(tmp_pat
     ckpt, total = tmp_path / "ckpt", 40
     # 1. Start a long run and kill the whole job once rank 0 has written two checkpoints.
     p = subprocess.Popen(horovodrun(*TINY, "--epochs", str(total), "--checkpoint-dir", str(ckpt)),
-                         env=launch_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=mnist.launch_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     deadline = time.time() + 180
     while len(mnist.list_checkpoints(ckpt)) < 2 and p.poll() is None and time.time() < deadline:
