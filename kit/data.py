@@ -1,4 +1,4 @@
-"""A realistic input pipeline: encoded images, decoded and augmented per sample, with optional read latency (notebook 01).
+"""A realistic input pipeline: encoded images decoded and augmented per sample, optional read latency (notebook 01).
 
     store = kit.data.make_store(2048, size=28, fmt="png")        # the "disk": PNG/JPEG bytes + labels
     ds = kit.data.ImageDataset(store, io_ms=0.5)                  # per sample: read (sleep) -> decode -> augment
@@ -61,10 +61,11 @@ def encode(image: np.ndarray, size: int = 28, fmt: str = "png") -> bytes:
     return buf.getvalue()
 
 
-def make_store(n: int = 2048, size: int = 28, fmt: str = "png", source: str = "auto") -> ImageStore:
+def make_store(n: int = 2048, size: int = 28, fmt: str = "png", source: str = "auto",
+               verbose: bool = False) -> ImageStore:
     """Encode the first n training images of a kit.datasets data set (repeated if it has fewer)."""
     from . import datasets
-    ds = datasets.load(source, verbose=False)
+    ds = datasets.load(source, verbose=verbose)
     idx = np.arange(n) % len(ds.x_train)
     return ImageStore([encode(ds.x_train[i], size, fmt) for i in idx], ds.y_train[idx], size, fmt)
 
@@ -147,14 +148,20 @@ class Loader(DataLoader):
         try:
             yield from it
         except SampleError as e:
-            monitor.close_loader_iterator(it)
+            self.stop_workers(it)
             found = re.findall(r"^(?:\S*SampleError: )?(sample \d+ failed to load: .*)$", str(e), re.M)
             cause = found[-1] if found else str(e).splitlines()[0]   # a worker's error arrives as a traceback
             where = "in a DataLoader worker; workers stopped" if self.num_workers else "in the main process"
             raise SampleError(f"{cause} ({where})" + (f"\n{e}" if self.num_workers else "")) from e
         except Exception:
-            monitor.close_loader_iterator(it)
+            self.stop_workers(it)
             raise
+
+    def stop_workers(self, it):
+        """Shut the worker processes down now, persistent ones included (they would wait on a failed epoch)."""
+        if hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+        self._iterator = None
 
 
 def make_loader(dataset, batch_size: int = 64, num_workers: int = 0, prefetch_factor: int | None = None,
@@ -287,26 +294,51 @@ def tf_dataset(store: ImageStore, batch_size: int = 64, io_ms: float = 0.0, para
         return tf.ensure_shape(x, (1, 28, 28)), tf.ensure_shape(y, ())
 
     ds = tf.data.Dataset.range(len(store)).shuffle(len(store), seed=seed)
-    ds = ds.map(tf_load, num_parallel_calls=calls, deterministic=True).batch(batch_size, drop_remainder=True)
+    ds = ds.map(tf_load, num_parallel_calls=calls, **({"deterministic": True} if calls else {}))
+    ds = ds.batch(batch_size, drop_remainder=True)
+    options = tf.data.Options()
+    options.experimental_optimization.map_parallelization = False   # keep `parallel=None` really sequential
+    options.experimental_optimization.inject_prefetch = False       # and add no prefetch we did not ask for
+    ds = ds.with_options(options)
     return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
 
 
+def tf_batches(ds):
+    """Yield a tf.data dataset's batches as torch tensors (the same training step consumes every loader)."""
+    for x, y in ds.as_numpy_iterator():
+        yield torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y))
+
+
 # --- the model of step time, fitted to a W=0 run ----------------------------------------------------------
-def fit_model(mon0: monitor.Monitor, cores: int | None = None) -> dict:
-    """Fit t_load, t_load_cpu, t_compute, c_compute from a num_workers=0 run (its wait and compute intervals)."""
+def fit_model(mon0: monitor.Monitor, mon_many: monitor.Monitor | None = None, cores: int | None = None) -> dict:
+    """Fit the model's numbers from a num_workers=0 run and (optionally) a run with many workers."""
     st = mon0.stats()
-    return {"t_load": st["wait"], "t_load_cpu": min(st["wait_cpu"], st["wait"]), "t_compute": st["compute"],
-            "c_compute": min(st["compute_cpu"], st["compute"]), "cores": cores or monitor.cpu_cores()}
+    fit = {"t_load": st["wait"], "t_load_cpu": min(st["wait_cpu"], st["wait"]), "t_compute": st["compute"],
+           "c_compute": min(st["compute_cpu"], st["compute"]), "cores": cores or monitor.cpu_cores(),
+           "t_compute_alone": st["compute"]}
+    if mon_many is not None:                           # the step with workers running, and the batch hand-over
+        fit.update(t_compute=mon_many.stats()["compute"], t_handover=handover(mon_many))
+    return fit
+
+
+def handover(mon: monitor.Monitor) -> float:
+    """Return the wait for a batch that is already queued (10th percentile of waits): the hand-over cost."""
+    return float(np.percentile([s.wait for s in mon.steady()], 10))
 
 
 def predicted(fit: dict, workers: int) -> float:
-    """Predict the step time (s) with `workers` workers from fit_model's numbers."""
+    """Predict the time per step (s) with `workers` workers from fit_model's numbers."""
     return monitor.predict_step(workers, **fit)
 
 
-def sweep(dataset, step, workers=(0, 1, 2, 3, 4), steps: int = 40, batch_size: int = 64, **loader_kw) -> dict:
-    """Measure each num_workers setting; return {workers: Monitor}."""
-    return {w: measure(make_loader(dataset, batch_size, w, **loader_kw), step, steps) for w in workers}
+def sweep(dataset, step, workers=(0, 1, 2, 3, 4), steps: int = 40, batch_size: int = 64, rounds: int = 1,
+          **loader_kw) -> dict:
+    """Measure each num_workers setting, `rounds` times interleaved; return {workers: merged Monitor}."""
+    runs = {w: [] for w in workers}
+    for _ in range(rounds):                            # interleaved, so a slow minute hits every setting alike
+        for w in workers:
+            runs[w].append(measure(make_loader(dataset, batch_size, w, **loader_kw), step, steps))
+    return {w: monitor.merge(r) for w, r in runs.items()}
 
 
 def table(mons: dict, fit: dict | None = None) -> list[dict]:
@@ -358,7 +390,7 @@ def plot_timelines(mons: dict, labels: dict | None = None, seconds: float | None
 
 
 # --- the benchmark -------------------------------------------------------------------------------------------
-DEFAULT = {"size": 28, "fmt": "png", "io_ms": 0.6, "batch_size": 64}
+DEFAULT = {"size": 28, "fmt": "png", "io_ms": 0.6, "batch_size": 64}   # notebook 01 explains the mix
 
 
 def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
@@ -368,17 +400,17 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     import matplotlib.pyplot as plt
     torch.set_num_threads(1)                            # the "accelerator": one core trains, the rest can load
     torch.manual_seed(0)
-    steps = 20 if quick else 60
+    steps, rounds = (20, 1) if quick else (30, 3)
     workers = (0, 1, 2, 3, 4) if quick else (0, 1, 2, 3, 4, 6)
     store = make_store(steps * DEFAULT["batch_size"] + 256, DEFAULT["size"], DEFAULT["fmt"])
     step = make_step(make_model())
-    mons = sweep(ImageDataset(store, DEFAULT["io_ms"]), step, workers, steps, DEFAULT["batch_size"])
-    fit = fit_model(mons[0])
+    mons = sweep(ImageDataset(store, DEFAULT["io_ms"]), step, workers, steps, DEFAULT["batch_size"], rounds)
+    fit = fit_model(mons[0], mons[workers[-1]])
     rows = table(mons, fit)
     plot_sweep(rows, "default demo")
     plt.savefig(out_dir / "loading.png", dpi=110)
     best = max(rows, key=lambda r: r["busy"])
-    plot_timelines({0: mons[0], best["workers"]: mons[best["workers"]]}, seconds=1.0)
+    plot_timelines({0: mons[0].runs[0], best["workers"]: mons[best["workers"]].runs[0]}, seconds=1.0)
     plt.savefig(out_dir / "loading_timeline.png", dpi=110)
     plt.close("all")
     worst = max(r["model_error"] for r in rows)
@@ -386,7 +418,26 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     summary = (f"loading: busy {100 * rows[0]['busy']:.0f}% at num_workers=0, best {100 * best['busy']:.0f}% at "
                f"num_workers={best['workers']} ({speedup:.1f}x samples/s); model max(t_load/W_eff, t_compute) "
                f"within {100 * worst:.0f}% of measured step time (worst over W={workers[0]}..{workers[-1]})")
-    result = {"settings": {**DEFAULT, "steps": steps, "torch_threads": 1}, "fit": fit, "sweep": rows,
+    result = {"settings": {**DEFAULT, "steps": steps, "rounds": rounds, "torch_threads": 1}, "fit": fit,
+              "sweep": rows,
               "busy_at_0": rows[0]["busy"], "best_busy": best["busy"], "best_workers": best["workers"],
               "worst_model_error": worst}
     return result, summary
+
+
+def plot_kinds(rows_by_name: dict):
+    """Plot throughput (measured dots, model dashes) and busy % vs workers for several pipelines."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for name, rows in rows_by_name.items():
+        w = [r["workers"] for r in rows]
+        line, = axes[0].plot(w, [r["samples_per_s"] for r in rows], "o-", label=f"{name} (measured)")
+        if "predicted_ms" in rows[0]:
+            model = [r["samples_per_s"] * r["step_ms"] / r["predicted_ms"] for r in rows]
+            axes[0].plot(w, model, "x--", color=line.get_color(), label=f"{name} (model)")
+        axes[1].plot(w, [100 * r["busy"] for r in rows], "o-", color=line.get_color(), label=name)
+    axes[0].set(xlabel="num_workers", ylabel="samples/s", title="throughput", ylim=(0, None))
+    axes[1].set(xlabel="num_workers", ylabel="busy %", title="accelerator busy", ylim=(0, 105))
+    axes[0].legend(fontsize=7)
+    plt.tight_layout()
+    return axes

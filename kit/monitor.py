@@ -9,11 +9,12 @@
 The model that explains the numbers (notebook 01, section 4):
 
     step(W=0) = t_load + t_compute                                  # load, then compute, one after the other
-    step(W>0) = max(t_load / W_eff, t_compute)                      # W workers load while the step computes
+    step(W>0) = max(t_load / W_eff, t_compute + t_handover)         # W workers load while the step computes
     W_eff     = min(W, cores * t_load / (t_load_cpu + c_compute))   # CPU work cannot use more cores than exist
 
 where t_load_cpu is the CPU time inside t_load (decode, augment; the rest is waiting on I/O) and c_compute the
-CPU time the training step itself burns per step (about t_compute on a CPU, little on a GPU).
+CPU time the training step itself burns per step (about t_compute on a CPU, little on a GPU); t_handover is
+the wait for a batch a worker already has ready (receiving it from another process), 0 by default.
 """
 from __future__ import annotations
 
@@ -93,6 +94,7 @@ class Monitor:
         self.steps: list[Step] = []
         self.samples: list[tuple[float, float, float]] = []   # (t, GPU util %, memory GiB) from NVML
         self.has_nvml = False
+        self.runs: list[Monitor] = []                         # the runs a merged Monitor was built from
         self.t0 = None
         self._thread = None
         self._stop = threading.Event()
@@ -232,8 +234,23 @@ class Monitor:
         return ax
 
 
+def merge(mons: list) -> "Monitor":
+    """Return one Monitor holding the steady steps of several runs, laid end to end (repeated measurements)."""
+    out = Monitor(warmup=0, nvml=False)
+    out.t0, out.runs, t = 0.0, list(mons), 0.0
+    for mon in mons:
+        steps = mon.steady()
+        shift = t - steps[0].start
+        out.steps += [Step(s.start + shift, s.ready + shift, s.end + shift, s.samples, s.wait_cpu, s.compute_cpu)
+                      for s in steps]
+        t = out.steps[-1].end
+    return out
+
+
 def close_loader_iterator(it):
     """Shut a torch DataLoader iterator's worker processes down now (others: close if they can)."""
+    if getattr(it, "_persistent_workers", False):
+        return                                          # the DataLoader reuses these workers next epoch
     shutdown = getattr(it, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
@@ -251,21 +268,24 @@ def effective_workers(workers: int, t_load: float, t_load_cpu: float, c_compute:
 
 
 def predict_step(workers: int, t_load: float, t_compute: float, t_load_cpu: float | None = None,
-                 c_compute: float | None = None, cores: int | None = None) -> float:
+                 c_compute: float | None = None, cores: int | None = None, t_handover: float = 0.0,
+                 t_compute_alone: float | None = None) -> float:
     """Predict the time per step with `workers` loader workers (0 = load in the training loop)."""
     if workers < 0:
         raise ValueError(f"workers must be >= 0 (0 loads in the main process), got {workers}")
-    if workers == 0:
-        return t_load + t_compute
+    if workers == 0:                                   # take turns: load, then compute
+        return t_load + (t_compute if t_compute_alone is None else t_compute_alone)
     t_load_cpu = t_load if t_load_cpu is None else t_load_cpu
     c_compute = t_compute if c_compute is None else c_compute
     w_eff = effective_workers(workers, t_load, t_load_cpu, c_compute, cores)
-    return max(t_load / w_eff, t_compute)
+    return max(t_load / w_eff, t_compute + t_handover)   # overlap: the slower side sets the pace
 
 
 def predict_busy(workers: int, t_load: float, t_compute: float, **kwargs) -> float:
-    """Predict the busy fraction t_compute / step with `workers` loader workers."""
-    return t_compute / predict_step(workers, t_load, t_compute, **kwargs)
+    """Predict the busy fraction (time computing / time per step) with `workers` loader workers."""
+    alone = kwargs.get("t_compute_alone")
+    compute = alone if workers == 0 and alone is not None else t_compute
+    return compute / predict_step(workers, t_load, t_compute, **kwargs)
 
 
 # --- profile my loader -------------------------------------------------------------------------------------

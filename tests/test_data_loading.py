@@ -89,6 +89,12 @@ def test_recorded_steps_and_utilization_trace():
     assert len(t) == 10 and np.allclose(util, 75)
     with pytest.raises(ValueError, match="no steps recorded"):
         monitor.Monitor(nvml=False).stats()
+    other = monitor.Monitor(warmup=1, nvml=False)
+    for _ in range(5):
+        other.record(wait_s=0.06, compute_s=0.02, samples=8)
+    both = monitor.merge([mon, other])                        # 10 + 4 steady steps laid end to end
+    assert both.stats()["steps"] == 14 and both.runs == [mon, other]
+    assert both.stats()["busy"] == pytest.approx((10 * 0.06 + 4 * 0.02) / (14 * 0.08))
 
 
 def test_without_nvml_the_monitor_says_so_once_and_keeps_no_thread(monkeypatch):
