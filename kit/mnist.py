@@ -3,7 +3,7 @@
     model = kit.mnist.build_model()                     # the classic Keras MNIST CNN
     x, y = kit.mnist.shard(x, y, hvd.rank(), hvd.size()) # Horovod: each rank trains on its 1/size of the data
     epoch0 = kit.mnist.resume(model, ckpt_dir, hvd)      # rank 0's last good checkpoint, broadcast to all ranks
-    callbacks = [..., kit.mnist.CheckpointCallback(ckpt_dir), kit.mnist.EpochLog()]   # rank 0 only
+    callbacks += [kit.mnist.checkpoint_callback(ckpt_dir), kit.mnist.epoch_log(n)]  # Horovod: on rank 0 only
 
 The six Horovod steps themselves stay in the notebook and in the script, where they can be read.
 """
@@ -456,18 +456,18 @@ def paired_throughput(args: list[str], repeats: int, steps: int, n: int = 2, lau
 
 def explain_threads(result: dict) -> str:
     """Return the benchmark's throughput table as text: per setting, 1 vs 2 workers, speed-up, cores busy."""
-    lines = [f"{'setting':34s} {'1 worker':>15s} {'2 workers':>15s} {'speed-up':>9s} {'cores busy 1w | 2w':>22s}"]
     names = {"tf_defaults": "intra-op 1, TF's inter-op pool", "pinned": "1 thread + pinned core (Gloo)",
              "pinned_mpi": "1 thread + pinned core (MPI)"}
+    lines = [f"{'setting':31s} {'pairs':>5s} {'1 worker':>13s} {'2 workers':>13s} {'speed-up':>8s} "
+             f"{'cores busy 1w | 2w':>19s}"]
     for key, t in result["throughput"].items():
-        one = [r["thr_1"] for r in t["runs"]]
-        two = [r["thr_n"] for r in t["runs"]]
+        one, two = [r["thr_1"] for r in t["runs"]], [r["thr_n"] for r in t["runs"]]
         busy1 = np.median([sum(r["busy_1"]) for r in t["runs"]])
         busy2 = np.median([sum(r["busy_n"]) for r in t["runs"]])
-        lines.append(f"{names.get(key, key):34s} {min(one):6,.0f}-{max(one):<6,.0f}  {min(two):6,.0f}-{max(two):<6,.0f}"
-                     f"  {t['speedup']:7.2f}x {busy1:10.2f} | {busy2:.2f}")
-    lines.append(f"(samples/s, min-max over {len(t['runs'])} paired runs; speed-up = median of the paired ratios; "
-                 "cores busy = CPU time / wall time, summed over workers)")
+        lines.append(f"{names.get(key, key):31s} {len(t['runs']):5d} {min(one):6,.0f}-{max(one):<6,.0f} "
+                     f"{min(two):6,.0f}-{max(two):<6,.0f} {t['speedup']:7.2f}x {busy1:9.2f} | {busy2:.2f}")
+    lines.append("(samples/s as min-max over the pairs; speed-up = median of the paired ratios; cores busy = CPU "
+                 "time / wall time, median, summed over workers)")
     return "\n".join(lines)
 
 

@@ -45,7 +45,7 @@ def main(argv=None):
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
     if args.inter_op_threads:
         os.environ["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
-    import tensorflow as tf
+    tf = mnist.import_tf_quietly()                        # import tensorflow, minus its C++ start-up log lines
     import horovod.tensorflow.keras as hvd
     from horovod.tensorflow import allgather_object
 
