@@ -355,9 +355,13 @@ IMPLS = ("ring", "naive", "torch", "horovod")
 
 
 def _barrier():
+    """Wait for every rank: torch.distributed's barrier where the group exists, else Horovod's."""
+    import sys
     import torch.distributed as dist
     if dist.is_initialized():
         dist.barrier()
+    elif "horovod.torch" in sys.modules:
+        sys.modules["horovod.torch"].barrier()
 
 
 def time_allreduce(impl: str, nbytes: int, reps: int = 3, dtype: str = "float32") -> dict:
@@ -526,10 +530,11 @@ def plot_model(alpha: float, b: float, k: int, measured: dict | None = None, ns=
     ax = ax or plt.subplots(figsize=(7, 4.5))[1]
     ax.plot(ns, t_comm_ring(ns, k, alpha, b), label="ring model: 2(N-1)α + 2(N-1)/N·K/B")
     ax.plot(ns, t_comm_ps(ns, k, alpha, b), label="parameter server model (one server)")
-    for (impl, points), marker in zip((measured or {}).items(), "os^D"):
-        ax.plot(list(points), list(points.values()), marker, ms=8, label=f"measured: {impl}")
+    for (impl, points), color, marker in zip((measured or {}).items(), ("C0", "C1"), ("o", "s")):
+        ax.plot(list(points), list(points.values()), marker, color=color, mfc="none", mew=2, ms=9,
+                label=f"measured: {impl}")
     ax.set(xscale="log", yscale="log", xlabel="workers N", ylabel="time per allreduce (s)",
-           title=f"K = {human(k)}, α = {alpha * 1e6:.0f} µs, B = {b / 1e9:.2f} GB/s (fitted here)")
+           title=f"K = {human(k)}, α = {alpha * 1e6:.0f} µs, B = {b / 1e9:.2f} GB/s (measured here)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return ax
@@ -584,8 +589,7 @@ def bench(out_dir, quick: bool = False):
         fusion.update({"kit ring": f["ring"], "Horovod (Gloo)": f["horovod"]})
         c.view.apply_sync(horovod_restart, fusion_threshold=0)
         fusion["Horovod (Gloo), fusion off"] = fusion_table(c.view, impls=("horovod",))["horovod"]
-    with kc.start(n=2, backend="mpi", quiet=True) as c:
-        c.init_process_group()
+    with kc.start(n=2, backend="mpi", quiet=True) as c:   # Horovod only: no torch.distributed group here
         records += measure(c.view, "horovod", grid, reps, label="Horovod (MPI)")
         fusion["Horovod (MPI)"] = fusion_table(c.view, impls=("horovod",))["horovod"]
         c.view.apply_sync(horovod_restart, cycle_time=10)
