@@ -210,7 +210,7 @@ def sync_fn():
 
 def measure(loader, step, steps: int = 40, warmup: int = 3) -> monitor.Monitor:
     """Train `steps` steps from `loader` inside a Monitor and return it (stats(), plot())."""
-    with monitor.Monitor(warmup=warmup, nvml=torch.cuda.is_available(), sync=sync_fn()) as mon:
+    with monitor.Monitor(warmup=warmup, sync=sync_fn()) as mon:     # without NVML: warns once, CPU trace only
         for batch in mon.watch(loader, steps=steps):
             step(batch)
     return mon

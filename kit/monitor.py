@@ -23,6 +23,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -37,6 +38,13 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+@lru_cache(maxsize=None)
+def say_no_nvml():
+    """Warn, once per process, that there is no NVML: monitors record the CPU-side trace only."""
+    warnings.warn("no NVIDIA GPU/NVML here: the monitor records the CPU-side wait/compute trace only",
+                  NoNVMLWarning, stacklevel=3)
 
 
 def open_nvml(index: int = 0):
@@ -110,8 +118,7 @@ class Monitor:
                                             name="kit-monitor-nvml")
             self._thread.start()
         elif self.use_nvml:
-            warnings.warn("no NVIDIA GPU/NVML here: the monitor records the CPU-side wait/compute trace only",
-                          NoNVMLWarning, stacklevel=2)
+            say_no_nvml()
         return self
 
     def __exit__(self, *exc):

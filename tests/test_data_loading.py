@@ -99,11 +99,13 @@ def test_recorded_steps_and_utilization_trace():
 
 def test_without_nvml_the_monitor_says_so_once_and_keeps_no_thread(monkeypatch):
     monkeypatch.setattr(monitor, "open_nvml", lambda index=0: None)
+    monitor.say_no_nvml.cache_clear()                           # as in a fresh process
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with monitor.Monitor() as mon:
-            for _ in mon.watch(timed_batches(5, 0.001)):
-                pass
+        for _ in range(3):
+            with monitor.Monitor() as mon:
+                for _ in mon.watch(timed_batches(5, 0.001)):
+                    pass
     assert [w.category for w in caught] == [monitor.NoNVMLWarning]
     assert "CPU-side" in str(caught[0].message)
     assert not mon.has_nvml and mon.samples == [] and mon.stats()["steps"] == 2
