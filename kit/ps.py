@@ -14,7 +14,7 @@ import datetime
 import gc
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 

@@ -7,6 +7,7 @@ import psutil
 import pytest
 
 import kit
+from conftest import descendants
 from kit import ring
 
 SHAPES = [(0,), (1,), (2,), (10,), (17,), (1000,), (3, 5), (2, 3, 7)]   # empty, < N, N ∤ len, multi-dim
@@ -68,17 +69,6 @@ def test_cost_model():
 
 
 # ----------------------------------------------------------------------------------- the real ring on engines
-def _descendants():
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                out.add(p.pid)
-        except psutil.Error:
-            pass
-    return out
-
-
 def _importable(c):
     """Let the engines import this test module (functions are sent by reference to their module)."""
     c.view.execute(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})", block=True)
@@ -87,7 +77,7 @@ def _importable(c):
 @pytest.fixture(scope="module")
 def cluster3():
     """One gloo job of 3 engines for all the engine tests (3: a ring where left != right); no leftovers."""
-    before = _descendants()
+    before = descendants()
     c = kit.cluster.start(n=3, backend="gloo", timeout=30, quiet=True)
     try:
         c.init_process_group()
@@ -96,9 +86,9 @@ def cluster3():
     finally:
         c.stop()
         deadline = time.time() + 10
-        while (_descendants() - before) and time.time() < deadline:
+        while (descendants() - before) and time.time() < deadline:
             time.sleep(0.2)
-        assert not (_descendants() - before), "cluster processes left running"
+        assert not (descendants() - before), "cluster processes left running"
 
 
 def _engine_compare(shape, dtype, seed):
