@@ -258,13 +258,10 @@ def local_rank_from_env() -> int:
 
 def pin_to_core(local_rank: int) -> int:
     """Pin every thread of this process (and threads it starts later) to one core chosen by local rank."""
+    from .sysinfo import pin_threads
     cores = sorted(os.sched_getaffinity(0))
     core = cores[local_rank % len(cores)]
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), {core})
-        except OSError:                         # a thread that just exited
-            pass
+    pin_threads({core})
     return core
 
 

@@ -163,8 +163,11 @@ def server_step(params, grads, workers: list[int], link: Link, lr: float):
     """Server (sync): receive every worker's gradient shard, average them, update, send the new shard back."""
     link.wait([link.irecv(g, src=w) for w, g in zip(workers, grads)], _names(workers, link))
     t_recv = time.perf_counter()
-    average = sum(grads) / len(grads)
-    params -= lr * average                                  # plain SGD on the averaged gradient
+    average = grads[0]                                      # in place: the receive buffers are refilled each step
+    for g in grads[1:]:
+        average += g
+    average /= len(grads)
+    params.sub_(average, alpha=lr)                          # plain SGD: params -= lr * average, no temporaries
     t_update = time.perf_counter()
     link.wait([link.isend(params, dst=w) for w in workers], _names(workers, link))
     return t_recv, t_update
@@ -176,7 +179,7 @@ def server_step_async(params, grad, version: int, pulled: dict, link: Link, lr: 
     work = link.irecv(grad, src=None)                       # any source
     link.wait([work], ["any worker (still waiting: " + ", ".join(_names(sorted(pulled), link)) + ")"])
     w = work._source_rank()
-    params -= lr * grad
+    params.sub_(grad, alpha=lr)
     link.wait([link.isend(params, dst=w)], _names([w], link))
     staleness = version - pulled[w]
     pulled[w] = version + 1
@@ -422,28 +425,62 @@ def accuracy(params: np.ndarray, cfg: Config) -> float:
 
 
 # ----------------------------------------------------------------------------- alpha-beta cost model
-def pingpong(sizes: list[int], repeats: int, timeout: float = 60.0) -> dict | None:
-    """Ranks 0 and 1 bounce messages of each size (bytes); rank 0 returns {size: median one-way seconds}."""
+def pingpong(sizes: list[int], repeats: int, timeout: float = 60.0, pin: bool = True) -> dict | None:
+    """Ranks 0 and 1 bounce messages of each size (bytes); rank 0 returns {size: median one-way seconds}.
+    pin: each of the two runs on a core of its own while it measures (as MPI benchmarks bind their processes);
+    left to the scheduler, the two sometimes share a core and B varies 2.5-4 GB/s from run to run here."""
     import torch
     import torch.distributed as dist
+    from .sysinfo import pin_threads
     rank = dist.get_rank()
     if rank > 1:
         return None
+    cores = sorted(os.sched_getaffinity(0))
+    before = pin_threads({cores[rank % len(cores)]}) if pin else None
     link, peer = Link(f"rank {rank}", timeout), 1 - rank
     out = {}
-    for size in sizes:
-        buf, rounds = torch.zeros(max(1, size // 4)), []
-        for i in range(repeats + 2):                         # 2 warm-up rounds
-            t0 = time.perf_counter()
-            if rank == 0:
-                link.wait([link.isend(buf, peer)], ["rank 1"])
-                link.wait([link.irecv(buf, peer)], ["rank 1"])
-            else:
-                link.wait([link.irecv(buf, peer)], ["rank 0"])
-                link.wait([link.isend(buf, peer)], ["rank 0"])
-            rounds.append((time.perf_counter() - t0) / 2)
-        out[buf.numel() * 4] = float(np.median(rounds[2:]))   # the median is robust to a busy machine
+    try:
+        for size in sizes:
+            buf, rounds = torch.zeros(max(1, size // 4)), []
+            for i in range(repeats + 2):                         # 2 warm-up rounds
+                t0 = time.perf_counter()
+                if rank == 0:
+                    link.wait([link.isend(buf, peer)], ["rank 1"])
+                    link.wait([link.irecv(buf, peer)], ["rank 1"])
+                else:
+                    link.wait([link.irecv(buf, peer)], ["rank 0"])
+                    link.wait([link.isend(buf, peer)], ["rank 0"])
+                rounds.append((time.perf_counter() - t0) / 2)
+            out[buf.numel() * 4] = float(np.median(rounds[2:]))   # the median is robust to a busy machine
+    finally:
+        if before is not None:
+            pin_threads(before)
     return out if rank == 0 else None
+
+
+def fan(size: int, repeats: int, hubs: int = 1, timeout: float = 60.0) -> float | None:
+    """Ranks 0..hubs-1 are hubs, every other rank a spoke: each round every spoke sends size/hubs bytes to each hub
+    at once and each hub sends size/hubs bytes back to every spoke (a bare PS exchange with every engine taking
+    part); rank 0 returns the median bytes per second through the host."""
+    import torch
+    import torch.distributed as dist
+    rank, n = dist.get_rank(), dist.get_world_size()
+    link = Link(f"rank {rank}", timeout)
+    peers = list(range(hubs, n)) if rank < hubs else list(range(hubs))
+    names = [f"rank {p}" for p in peers]
+    bufs = [torch.zeros(max(1, size // 4 // hubs)) for _ in peers]
+    rounds = []
+    for i in range(repeats + 2):
+        t0 = time.perf_counter()
+        if rank < hubs:
+            link.wait([link.irecv(b, p) for b, p in zip(bufs, peers)], names)
+            link.wait([link.isend(bufs[0], p) for p in peers], names)
+        else:
+            link.wait([link.isend(b, p) for b, p in zip(bufs, peers)], names)
+            link.wait([link.irecv(b, p) for b, p in zip(bufs, peers)], names)
+        rounds.append(time.perf_counter() - t0)
+    moved = 2 * (n - hubs) * hubs * bufs[0].numel() * 4
+    return moved / float(np.median(rounds[2:])) if rank == 0 else None
 
 
 def fit_alpha_beta(sizes, seconds, large: int = 1 << 20) -> tuple[float, float]:
@@ -459,18 +496,43 @@ def fit_alpha_beta(sizes, seconds, large: int = 1 << 20) -> tuple[float, float]:
 DEFAULT_SIZES = [4, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 
 
-def measure_alpha_beta(cluster, sizes=DEFAULT_SIZES, repeats: int = 10) -> dict:
-    """Ping-pong between engines 0 and 1 (torch.distributed, gloo); return alpha, B and the raw timings."""
+def measure_alpha_beta(cluster, sizes=DEFAULT_SIZES, repeats: int = 20, pin: bool = True) -> dict:
+    """Ping-pong between engines 0 and 1 (torch.distributed, gloo), each pinned to a core of its own unless
+    pin=False; return alpha, B and the raw timings."""
     if cluster.size < 2:
         raise ValueError("ping-pong needs at least 2 engines")
-    res = cluster.wait(cluster.view.apply_async(pingpong, list(sizes), repeats, cluster.timeout))[0]
+    res = cluster.wait(cluster.view.apply_async(pingpong, list(sizes), repeats, cluster.timeout, pin))[0]
     alpha, bw = fit_alpha_beta(list(res), list(res.values()))
-    return {"alpha": alpha, "B": bw, "sizes": list(res), "seconds": list(res.values())}
+    out = {"alpha": alpha, "B": bw, "sizes": list(res), "seconds": list(res.values())}
+    # The host's rate with every engine busy, for 1 and 2 hubs (servers): the max-rate model's B_max.
+    out["B_max"] = {h: cluster.wait(cluster.view.apply_async(fan, FAN_SIZE, repeats, h, cluster.timeout))[0]
+                    for h in (1, 2) if cluster.size >= h + 2}
+    return out
+
+
+FAN_SIZE = 8 << 20      # bytes per spoke in the saturation test (between the exchanges' 4 and 16 MB)
 
 
 def t_comm_ps(N, K, alpha, B, k: int = 1):
     """Predict one PS step's communication time: 2 (alpha + N K / (k B)) -- push in, pull out, k shards."""
     return 2 * (alpha + np.asarray(N) * K / (k * B))
+
+
+def t_comm_one_host(N, K, B, t_empty, B_max=None):
+    """Predict one PS step's communication time when servers and workers share one host: the measured time of an
+    empty exchange (latency and scheduling, see `exchange`) plus 2 N K / B_eff, every byte going in and out
+    through the host whatever the number of servers. One stream moves B; N streams at once move at most N B and
+    at most the host's B_max (the max-rate model, Gropp, Olson & Samfass, EuroMPI 2016): B_eff = min(B_max, N B)."""
+    N = np.asarray(N)
+    B_eff = B if B_max is None else np.minimum(B_max, B * N)
+    return t_empty + 2 * N * K / B_eff
+
+
+def exchange(cluster, workers: int, servers: int, floats: int, steps: int = 30) -> dict:
+    """Time a pure exchange (no model, no compute) of `floats` float32 values per worker; return its summary row.
+    floats=1 measures the empty exchange: the per-step latency of this pattern of processes on this machine."""
+    cfg = Config(workers=workers, servers=servers, steps=steps, exchange_only=floats)
+    return summarise(train(cluster, cfg))
 
 
 # ----------------------------------------------------------------------------- plots
@@ -549,7 +611,7 @@ def plot_model(ab: dict, rows: list[dict], ax=None):
     ax[0].loglog(s, (ab["alpha"] + s / ab["B"]) * 1e3, "-", label="alpha + size / B")
     ax[0].set_xlabel("message bytes"), ax[0].set_ylabel("ms"), ax[0].legend(fontsize=7)
     ax[0].set_title(f"alpha = {ab['alpha'] * 1e6:.0f} us, B = {ab['B'] / 1e9:.2f} GB/s")
-    pred = np.array([r["predicted_one_host_ms"] for r in rows])
+    pred = np.array([r["predicted_ms"] for r in rows])
     meas = np.array([r["measured_ms"] for r in rows])
     ax[1].loglog(pred, meas, "o")
     for r, p, m in zip(rows, pred, meas):
@@ -558,7 +620,7 @@ def plot_model(ab: dict, rows: list[dict], ax=None):
     ax[1].plot(lim, lim, "k--", lw=1, label="measured = predicted")
     ax[1].fill_between(lim, [v * 0.75 for v in lim], [v * 1.25 for v in lim], color="grey", alpha=0.2,
                        label="within 25%")
-    ax[1].set_xlabel("predicted 2(alpha + N K / B), ms (k servers share one host)")
+    ax[1].set_xlabel("predicted t_empty + 2 N K / B, ms (k servers share one host)")
     ax[1].set_ylabel("measured at the workers, ms")
     ax[1].legend(fontsize=7)
     return ax
@@ -580,8 +642,14 @@ def plot_extrapolation(alpha: float, B: float, K: float, ns, ks=(1, 8, 64), comp
 
 
 # ----------------------------------------------------------------------------- summaries and the benchmark
-def summarise(run: Run, alpha: float | None = None, B: float | None = None) -> dict:
-    """Return one table row: N, k, K, exact bytes per step at each server and worker, times, the prediction."""
+def summarise(run: Run, alpha: float | None = None, B: float | None = None, t_empty: float | None = None,
+              B_max: float | None = None) -> dict:
+    """Return one table row: N, k, K, exact bytes per step at each server and worker, times, the predictions.
+
+    With alpha and B: `predicted_k_links_ms` is the issue's 2(alpha + N K / (k B)) (each server on its own link);
+    `predicted_one_host_ms` is 2(alpha + N K / B) (the k servers share this host). With t_empty (seconds, from
+    `exchange(..., floats=1)`) as well: `predicted_ms` = t_empty + 2 N K / B, which keeps the measured latency of
+    the pattern; `error` = measured / predicted - 1."""
     cfg, sb, wb = run.config, run.server_bytes(), run.worker_bytes()
     one = lambda xs: xs[0] if len(set(xs)) == 1 else None  # noqa: E731  the same every step, or None
     t = run.times()
@@ -598,13 +666,16 @@ def summarise(run: Run, alpha: float | None = None, B: float | None = None) -> d
         row["update_ms"] = 1e3 * t["update"]
         # A worker's push + pull, less the server's arithmetic: the time messages took, as the worker sees it.
         row["exchange_ms"] = row["comm_ms"] - row["update_ms"]
+    row["measured_ms"] = row.get("exchange_ms", row["comm_ms"])
     if alpha is not None:
-        # The issue's model gives each server its own link of bandwidth B. Here all k servers sit on one host and
-        # share its bandwidth, so the prediction for this machine is the k = 1 formula (k servers, one link).
-        row["predicted_ms"] = 1e3 * float(t_comm_ps(cfg.workers, run.grad_bytes, alpha, B, cfg.servers))
-        row["predicted_one_host_ms"] = 1e3 * float(t_comm_ps(cfg.workers, run.grad_bytes, alpha, B, 1))
-        row["measured_ms"] = row.get("exchange_ms", row["comm_ms"])
-        row["error"] = row["measured_ms"] / row["predicted_one_host_ms"] - 1
+        N, K = cfg.workers, run.grad_bytes
+        row["predicted_k_links_ms"] = 1e3 * float(t_comm_ps(N, K, alpha, B, cfg.servers))
+        row["predicted_one_host_ms"] = 1e3 * float(t_comm_ps(N, K, alpha, B, 1))
+        row["predicted_ms"] = row["predicted_one_host_ms"]
+        if t_empty is not None:
+            row["empty_ms"] = 1e3 * t_empty
+            row["predicted_ms"] = 1e3 * float(t_comm_one_host(N, K, B, t_empty, B_max))
+        row["error"] = row["measured_ms"] / row["predicted_ms"] - 1
     return row
 
 
@@ -615,18 +686,20 @@ def bench(out_dir, quick: bool = False):
     import matplotlib.pyplot as plt
     from . import cluster as kc
     engines = 5
-    steps = 8 if quick else 30
+    steps = 8 if quick else 40
     with kc.start(n=engines, quiet=True) as c:
         c.init_process_group()
-        ab = measure_alpha_beta(c, repeats=3 if quick else 10)
+        exchange(c, engines - 1, 1, 4 << 20, 5)      # warm-up: first big messages pay for buffers and page faults
+        ab = measure_alpha_beta(c, repeats=3 if quick else 20)
         train_rows, model_rows = [], []
         for k in (1, 2):
             for n in range(1, engines - k + 1):
+                t_empty = exchange(c, n, k, 1, steps)["measured_ms"] / 1e3
                 cfg = Config(workers=n, servers=k, steps=steps, batch=120)
-                train_rows.append(summarise(train(c, cfg), ab["alpha"], ab["B"]))
-                for values in [1 << 20] + ([] if quick else [4 << 20]):   # 4 MB and 16 MB exchanges
-                    cfg = Config(workers=n, servers=k, steps=steps, exchange_only=values)
-                    model_rows.append(summarise(train(c, cfg), ab["alpha"], ab["B"]))
+                train_rows.append(summarise(train(c, cfg), ab["alpha"], ab["B"], t_empty, ab["B_max"][k]))
+                for floats in [1 << 20] + ([] if quick else [4 << 20]):   # 4 MB and 16 MB exchanges
+                    run = train(c, Config(workers=n, servers=k, steps=steps, exchange_only=floats))
+                    model_rows.append(summarise(run, ab["alpha"], ab["B"], t_empty, ab["B_max"][k]))
     K = train_rows[0]["K"]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
     plot_bytes(train_rows, K, ax[0])
@@ -640,15 +713,17 @@ def bench(out_dir, quick: bool = False):
     plot_extrapolation(ab["alpha"], 25e9 / 8, 100e6, [8, 16, 32, 64, 128, 256, 512], ax=ax)
     fig.tight_layout(), fig.savefig(out_dir / "ps_extrapolation.png", dpi=100), plt.close(fig)
     errors = [abs(r["error"]) for r in model_rows]
+    plain = [abs(r["measured_ms"] / r["predicted_one_host_ms"] - 1) for r in model_rows]
     within = sum(e <= 0.25 for e in errors)
     exact = all(r["bytes_exact"] for r in train_rows + model_rows)
     big = max(model_rows, key=lambda r: (r["K"], r["N"], -r["k"]))
-    summary = (f"ps: alpha={ab['alpha'] * 1e6:.0f} us B={ab['B'] / 1e9:.2f} GB/s; server bytes/step == N*K/k "
-               f"exactly: {exact} (MLP K={K} B); alpha-beta prediction within 25% for {within}/{len(errors)} "
-               f"exchanges (median |error| {np.median(errors):.0%}; N={big['N']} k={big['k']} "
-               f"K={big['K'] / 1e6:.0f} MB: {big['measured_ms']:.0f} ms measured vs "
-               f"{big['predicted_one_host_ms']:.0f} predicted); {engines} engines on {os.cpu_count()} cores "
-               "(times oversubscribed)")
+    summary = (f"ps: alpha={ab['alpha'] * 1e6:.0f} us B={ab['B'] / 1e9:.2f} GB/s B_max={ab['B_max'][1] / 1e9:.2f} (1 server), {ab['B_max'][2] / 1e9:.2f} (2) GB/s; server bytes/step == N*K/k "
+               f"exactly: {exact} (MLP K={K} B); prediction t_empty + 2NK/min(B_max, NB) within 25% for {within}/{len(errors)} "
+               f"exchanges (median |error| {np.median(errors):.0%}; without t_empty, 2(alpha + NK/B): "
+               f"{sum(e <= 0.25 for e in plain)}/{len(plain)}; N={big['N']} k={big['k']} K={big['K'] / 1e6:.0f} MB: "
+               f"{big['measured_ms']:.0f} ms measured vs {big['predicted_ms']:.0f} predicted); {engines} engines on "
+               f"{os.cpu_count()} cores (times oversubscribed)")
     result = {"alpha_s": ab["alpha"], "B_bytes_per_s": ab["B"], "pingpong": ab, "training": train_rows,
-              "exchange": model_rows, "bytes_exact": exact, "within_25pct": [within, len(errors)]}
+              "exchange": model_rows, "bytes_exact": exact, "within_25pct": [within, len(errors)],
+              "within_25pct_without_t_empty": [sum(e <= 0.25 for e in plain), len(plain)]}
     return result, summary

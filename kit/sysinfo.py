@@ -15,6 +15,18 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def pin_threads(cores) -> set[int]:
+    """Pin every thread of this process (and the threads they start later) to `cores`; return the calling thread's
+    previous affinity, so that `pin_threads(previous)` undoes it. Linux only."""
+    before = os.sched_getaffinity(0)
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), set(cores))
+        except OSError:                         # a thread that just exited
+            pass
+    return before
+
+
 def gpus() -> list[dict]:
     """Return one dict per GPU NVML sees (name, memory in GiB); [] where there is no NVIDIA driver."""
     try:

@@ -1,4 +1,5 @@
 """kit.ps: the parameter server equals single-process SGD, counts its bytes exactly, and fails loudly."""
+import os
 import time
 
 import numpy as np
@@ -19,6 +20,10 @@ def test_shards_cover_the_vector_once():
 def test_cost_model_formula_and_fit():
     assert ps.t_comm_ps(4, 1e6, 1e-5, 1e9) == pytest.approx(2 * (1e-5 + 4e-3))
     assert ps.t_comm_ps(4, 1e6, 1e-5, 1e9, k=2) == pytest.approx(2 * (1e-5 + 2e-3))
+    # One host: the empty exchange's time, then N K bytes each way at min(B_max, N B) (the max-rate model).
+    assert ps.t_comm_one_host(1, 1e6, 1e9, 1e-3, B_max=1.5e9) == pytest.approx(1e-3 + 2 * 1e6 / 1e9)
+    assert ps.t_comm_one_host(4, 1e6, 1e9, 1e-3, B_max=1.5e9) == pytest.approx(1e-3 + 2 * 4e6 / 1.5e9)
+    assert ps.t_comm_one_host(4, 1e6, 1e9, 1e-3) == pytest.approx(1e-3 + 2 * 4e6 / 1e9)
     sizes = np.array([4, 1e3, 1e5, 1e6, 1e7])
     alpha, bw = ps.fit_alpha_beta(sizes, 50e-6 + sizes / 2e9)
     assert alpha == pytest.approx(50e-6, rel=1e-3) and bw == pytest.approx(2e9, rel=1e-3)
@@ -89,9 +94,25 @@ def test_too_many_workers_is_a_clear_error(cluster):
 
 
 def test_pingpong_measures_alpha_and_bandwidth(cluster):
+    before = cluster.view.apply_sync(os.sched_getaffinity, 0)
     ab = ps.measure_alpha_beta(cluster, sizes=[4, 1 << 16, 1 << 20], repeats=3)
     assert ab["alpha"] >= 0 and ab["B"] > 1e6
     assert ab["sizes"] == [4, 1 << 16, 1 << 20] and all(t > 0 for t in ab["seconds"])
+    assert sorted(ab["B_max"]) == [1, 2] and all(b > 1e6 for b in ab["B_max"].values())   # 4 engines: 1 and 2 hubs
+    assert cluster.view.apply_sync(os.sched_getaffinity, 0) == before      # the ping-pong's pinning is undone
+
+
+def test_exchange_prediction_is_built_from_measured_parts(cluster):
+    empty = ps.exchange(cluster, 2, 1, floats=1, steps=6)
+    assert empty["bytes_exact"] and empty["server_in"] == 2 * 4 and empty["measured_ms"] > 0
+    run = ps.train(cluster, ps.Config(workers=3, servers=1, steps=6, exchange_only=1 << 12))
+    t_empty = empty["measured_ms"] / 1e3
+    row = ps.summarise(run, alpha=1e-5, B=1e9, t_empty=t_empty, B_max=2e9)
+    K = 4 << 12
+    assert row["K"] == K and row["server_in"] == 3 * K and row["bytes_exact"]
+    assert row["predicted_ms"] == pytest.approx(1e3 * (t_empty + 2 * 3 * K / 2e9))
+    assert row["predicted_one_host_ms"] == pytest.approx(1e3 * 2 * (1e-5 + 3 * K / 1e9))
+    assert row["error"] == pytest.approx(row["measured_ms"] / row["predicted_ms"] - 1)
 
 
 def test_a_dead_worker_makes_everyone_raise_in_bounded_time(cluster):
