@@ -635,8 +635,10 @@ def plot_model(ab: dict, rows: list[dict], ax=None):
                        label="within 25%")
     ax[1].set_xlabel("predicted t_empty + 2 N K / min(B_max, N B), ms")
     ax[1].set_ylabel("measured at the workers, ms")
-    from matplotlib.ticker import NullFormatter
-    ax[1].xaxis.set_minor_formatter(NullFormatter()), ax[1].yaxis.set_minor_formatter(NullFormatter())
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+    for axis in (ax[1].xaxis, ax[1].yaxis):                 # ticks at 1, 2, 5, 10, 20, ... ms, plainly written
+        axis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        axis.set_major_formatter(ScalarFormatter()), axis.set_minor_formatter(NullFormatter())
     if ab.get("B_max"):
         ax[1].set_title("B_max = " + " / ".join(f"{b / 1e9:.2f}" for b in ab["B_max"].values()) + " GB/s ("
                         + " / ".join(str(h) for h in ab["B_max"]) + " servers)")
