@@ -526,7 +526,7 @@ def t_comm_ps(N, K, alpha, B, k: int = 1):
 
 def t_comm_one_host(N, K, B, t_empty, B_max=None):
     """Predict one PS step's communication time when servers and workers share one host: the measured time of an
-    empty exchange (latency and scheduling, see `exchange`) plus 2 N K / B_eff, every byte going in and out
+    empty exchange (latency and scheduling, see `empty_exchange`) plus 2 N K / B_eff, every byte going in and out
     through the host whatever the number of servers. One stream moves B; N streams at once move at most N B and
     at most the host's B_max (the max-rate model, Gropp, Olson & Samfass, EuroMPI 2016): B_eff = min(B_max, N B)."""
     N = np.asarray(N)
@@ -668,8 +668,8 @@ def summarise(run: Run, alpha: float | None = None, B: float | None = None, t_em
 
     With alpha and B: `predicted_k_links_ms` is the issue's 2(alpha + N K / (k B)) (each server on its own link);
     `predicted_one_host_ms` is 2(alpha + N K / B) (the k servers share this host). With t_empty (seconds, from
-    `empty_exchange`) as well: `predicted_ms` = t_empty + 2 N K / B, which keeps the measured latency of
-    the pattern; `error` = measured / predicted - 1."""
+    `empty_exchange`) and B_max: `predicted_ms` = t_empty + 2 N K / min(B_max, N B) (`t_comm_one_host`), the
+    model for one host; `error` = measured / predicted - 1."""
     cfg, sb, wb = run.config, run.server_bytes(), run.worker_bytes()
     one = lambda xs: xs[0] if len(set(xs)) == 1 else None  # noqa: E731  the same every step, or None
     t = run.times()
@@ -737,9 +737,10 @@ def bench(out_dir, quick: bool = False):
     within = sum(e <= 0.25 for e in errors)
     exact = all(r["bytes_exact"] for r in train_rows + model_rows)
     big = max(model_rows, key=lambda r: (r["K"], r["N"], -r["k"]))
-    summary = (f"ps: alpha={ab['alpha'] * 1e6:.0f} us B={ab['B'] / 1e9:.2f} GB/s B_max={ab['B_max'][1] / 1e9:.2f} (1 server), {ab['B_max'][2] / 1e9:.2f} (2) GB/s; server bytes/step == N*K/k "
-               f"exactly: {exact} (MLP K={K} B); prediction t_empty + 2NK/min(B_max, NB) within 25% for {within}/{len(errors)} "
-               f"exchanges (median |error| {np.median(errors):.0%}; without t_empty, 2(alpha + NK/B): "
+    summary = (f"ps: alpha={ab['alpha'] * 1e6:.0f} us B={ab['B'] / 1e9:.2f} GB/s B_max={ab['B_max'][1] / 1e9:.2f} "
+               f"(1 server), {ab['B_max'][2] / 1e9:.2f} (2) GB/s; server bytes/step == N*K/k exactly: {exact} "
+               f"(MLP K={K} B); prediction t_empty + 2NK/min(B_max, NB) within 25% for {within}/{len(errors)} "
+               f"exchanges (median |error| {np.median(errors):.0%}; the plain 2(alpha + NK/B): "
                f"{sum(e <= 0.25 for e in plain)}/{len(plain)}; N={big['N']} k={big['k']} K={big['K'] / 1e6:.0f} MB: "
                f"{big['measured_ms']:.0f} ms measured vs {big['predicted_ms']:.0f} predicted); {engines} engines on "
                f"{os.cpu_count()} cores (times oversubscribed)")
