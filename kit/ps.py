@@ -667,7 +667,7 @@ def summarise(run: Run, alpha: float | None = None, B: float | None = None, t_em
               B_max: float | None = None) -> dict:
     """Return one table row: N, k, K, exact bytes per step at each server and worker, times, the predictions.
 
-    With alpha and B: `predicted_k_links_ms` is the issue's 2(alpha + N K / (k B)) (each server on its own link);
+    With alpha and B: `predicted_k_links_ms` is the textbook 2(alpha + N K / (k B)) (each server on its own link);
     `predicted_one_host_ms` is 2(alpha + N K / B) (the k servers share this host). With t_empty (seconds, from
     `empty_exchange`) and B_max: `predicted_ms` = t_empty + 2 N K / min(B_max, N B) (`t_comm_one_host`), the
     model for one host; `error` = measured / predicted - 1."""
