@@ -4,17 +4,16 @@ The algorithms being taught live in the notebooks; this package hides only what 
 otherwise repeat. One concept per module: ``kit.cluster``, ``kit.data``, ``kit.monitor``, ``kit.ps``,
 ``kit.ring``, ``kit.bench``, ``kit.plots``.
 """
-import os as _os
-
-# Horovod's Keras integration needs the Keras 2 API (tf-keras), chosen before TensorFlow is first imported.
-# See README "Why tf-keras". Engines started by kit.cluster get the same variable.
-_os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 from importlib import import_module as _import_module
 
+from . import env as _env
+
+# Horovod's Keras integration needs the Keras 2 API (tf-keras), chosen before TensorFlow is first imported
+# (README "Why tf-keras"). kit.env is the one place that knows the variables; engines get them too.
+_env.use_legacy_keras()
+
 __version__ = "0.1.0"
-_SUBMODULES = ("cluster", "datasets", "sysinfo", "data", "monitor", "ps", "ring", "bench", "plots", "mnist")
+_SUBMODULES = ("env", "cluster", "datasets", "sysinfo", "data", "monitor", "ps", "ring", "bench", "plots", "mnist")
 
 
 def __getattr__(name):
