@@ -3,12 +3,15 @@
 # a stamp in the venv records a hash of everything that defines the environment (the PyTorch choice included).
 #
 #   TORCH=auto|cpu|cuda   which PyTorch build (default auto: CUDA when an NVIDIA GPU is present, else CPU)
+#   TORCH_INDEX=URL       take that build from this index (e.g. https://download.pytorch.org/whl/cu128)
+#   HOROVOD_GPU_OPERATIONS=NCCL   build Horovod with NCCL (needs a CUDA toolkit; Dockerfile.gpu sets it)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-.venv}
 PYTHON_BOOT=${PYTHON_BOOT:-python3}
 TORCH=${TORCH:-auto}
-TORCH_CPU_INDEX=${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+TORCH_INDEX=${TORCH_INDEX:-}
+TORCH_CPU_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 
 say() { echo "setup_env: $*"; }
 die() { echo "setup_env: ERROR: $*" >&2; exit 1; }
@@ -26,6 +29,10 @@ case "$TORCH" in
   *) die "TORCH must be auto, cpu or cuda (got '$TORCH'), e.g. make TORCH=cpu setup" ;;
 esac
 
+stamp=$( (cat pyproject.toml scripts/setup_env.sh scripts/install_horovod.sh scripts/horovod-*.patch; echo "torch=$want ${TORCH_INDEX:-} gpu_ops=${HOROVOD_GPU_OPERATIONS:-none}") \
+        | sha256sum | cut -c1-16)
+[ "${1:-}" = --print-stamp ] && { echo "$stamp"; exit 0; }     # tests/test_packaging.py
+
 # --- root only: the system packages the emulated-host lab needs (kit.netlab) --------------------------------
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! [ -x /usr/sbin/sshd ]; then
   say "root: installing Debian's openssh-server for the emulated-host lab (kit.netlab)"
@@ -34,8 +41,6 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! [ -x /usr/sbin/sshd 
     || die "apt-get install openssh-server failed (the lab needs it; the rest of the kit does not)"
 fi
 
-stamp=$( (cat pyproject.toml scripts/setup_env.sh scripts/install_horovod.sh scripts/horovod-*.patch; echo "torch=$want") \
-        | sha256sum | cut -c1-16)
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.kit-stamp" 2>/dev/null)" = "$stamp" ]; then
   say "$VENV is up to date (PyTorch: $want build)"
   exit 0
@@ -82,10 +87,13 @@ if [ -z "$installed" ]; then
           say "PyTorch: $why, but PyTorch's CPU index $TORCH_CPU_INDEX cannot be reached from here."
           say "  Falling back to PyPI's $torch_pin, which on Linux x86_64 is the CUDA build: ~3 GB more to download"
           say "  and ~7 GB in $VENV. It runs on the CPU all the same; Horovod's PyTorch ops are then built for CPU"
-          say "  tensors. For the small CPU build, make that index reachable (or give TORCH_CPU_INDEX=<mirror>)." ;;
+          say "  tensors. For the small CPU build, make that index reachable (or give TORCH_INDEX=<a mirror of it>)." ;;
       esac
       pip_install "$torch_pin"
     fi
+  elif [ -n "$TORCH_INDEX" ]; then
+    say "PyTorch: the CUDA build ($why), from $TORCH_INDEX"
+    pip_install "$torch_pin" --index-url "$TORCH_INDEX"
   else
     say "PyTorch: the CUDA build ($why), PyPI's default $torch_pin wheel with its nvidia-* packages (~3 GB)"
     pip_install "$torch_pin"
