@@ -74,7 +74,7 @@ fi
 if [ -z "$installed" ]; then
   if [ "$want" = cpu ]; then
     if "$PY" -c "import urllib.request as r, sys; r.urlopen(sys.argv[1] + '/torch/', timeout=15)" "$TORCH_CPU_INDEX" 2>/dev/null; then
-      say "PyTorch: the CPU build ($why), from PyTorch's CPU index $TORCH_CPU_INDEX (~190 MB)"
+      say "PyTorch: the CPU build ($why), from PyTorch's CPU index $TORCH_CPU_INDEX (192 MB)"
       pip_install "$torch_pin" --index-url "$TORCH_CPU_INDEX"
     else
       # Where would plain pip take torch from? A CPU wheel may be on this machine's pip configuration (find-links).
@@ -85,7 +85,7 @@ if [ -z "$installed" ]; then
           say "PyTorch: the CPU build ($why); PyTorch's CPU index $TORCH_CPU_INDEX cannot be reached, but your pip configuration offers a CPU wheel: $(basename "$url")" ;;
         *)
           say "PyTorch: $why, but PyTorch's CPU index $TORCH_CPU_INDEX cannot be reached from here."
-          say "  Falling back to PyPI's $torch_pin, which on Linux x86_64 is the CUDA build: ~3 GB more to download"
+          say "  Falling back to PyPI's $torch_pin, which on Linux x86_64 is the CUDA build: ~2.5 GB more to download"
           say "  and ~7 GB in $VENV. It runs on the CPU all the same; Horovod's PyTorch ops are then built for CPU"
           say "  tensors. For the small CPU build, make that index reachable (or give TORCH_INDEX=<a mirror of it>)." ;;
       esac
@@ -95,7 +95,7 @@ if [ -z "$installed" ]; then
     say "PyTorch: the CUDA build ($why), from $TORCH_INDEX"
     pip_install "$torch_pin" --index-url "$TORCH_INDEX"
   else
-    say "PyTorch: the CUDA build ($why), PyPI's default $torch_pin wheel with its nvidia-* packages (~3 GB)"
+    say "PyTorch: the CUDA build ($why), PyPI's default $torch_pin wheel with its nvidia-* packages (~2.7 GB)"
     pip_install "$torch_pin"
   fi
 fi
@@ -105,7 +105,7 @@ if [ "$want" = cuda ] && [ "${got#* }" = CPU ]; then
   say "  note: TORCH=cuda but pip chose a CPU wheel (your pip configuration offers one): GPU tensors won't work"
 fi
 
-say "installing the pinned packages (pyproject.toml; TensorFlow 2.21 alone is ~620 MB the first time)"
+say "installing the pinned packages (pyproject.toml; ~0.75 GB of wheels besides torch the first time, TensorFlow 572 MB of it)"
 pip_install -e .
 PYTHON="$PY" bash scripts/install_horovod.sh
 echo "$stamp" >"$VENV/.kit-stamp"
