@@ -107,7 +107,11 @@ if [ -z "$wheel" ]; then
         MAKEFLAGS="${MAKEFLAGS:--j$(nproc)}" \
         "$PY" -m pip wheel --no-build-isolation --no-deps -v -w "$work/dist" \
         "$work/horovod-$HOROVOD_VERSION" >"$log" 2>&1; then
-    echo "---- last 60 lines of $log ----" >&2; tail -n 60 "$log" >&2
+    if grep -q "CMake Error" "$log"; then      # the cause, not pip's traceback around it
+      echo "---- CMake errors in $log ----" >&2; grep -A12 "CMake Error" "$log" | head -n 80 >&2
+    else
+      echo "---- last 60 lines of $log ----" >&2; tail -n 60 "$log" >&2
+    fi
     die "Horovod build failed (full log: $log)"
   fi
   cp "$work"/dist/horovod-*.whl "$cache"/

@@ -37,7 +37,7 @@ def test_one_install_script_everywhere():
         assert "scripts/install_horovod.sh" in (ROOT / f).read_text(), f
     assert "RUN make setup" in (ROOT / "Dockerfile.gpu").read_text()      # which runs setup_env.sh
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in (ROOT / "Dockerfile.gpu").read_text()
-    assert (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text().count("\n--- a/") == 5
+    assert (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text().count("\n--- a/") == 6
 
 
 def test_ci_runs_what_the_readme_says():
