@@ -59,7 +59,7 @@ def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.Comple
 
 def check_requirements():
     """Raise LabError saying what to do when this machine cannot host a lab (no root, no ip/tc, no sshd)."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or not _has_net_admin():
         raise LabError("kit.netlab needs root (CAP_NET_ADMIN) to make network namespaces: run as root, or in "
                        "Docker with `--cap-add NET_ADMIN --cap-add SYS_ADMIN`")
     for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
@@ -67,6 +67,12 @@ def check_requirements():
         if not shutil.which(tool):
             raise LabError(f"`{tool}` not found: install Debian's {package} (apt-get install -y {package})")
     netlab_ssh.find_sshd()
+
+
+def _has_net_admin() -> bool:
+    """Return whether this process holds CAP_NET_ADMIN (root in Docker without --cap-add NET_ADMIN does not)."""
+    eff = next(line for line in open("/proc/self/status") if line.startswith("CapEff:"))
+    return bool(int(eff.split()[1], 16) >> 12 & 1)
 
 
 # ------------------------------------------------------------------------------------ names and sweeping
@@ -272,6 +278,24 @@ class Lab:
         if check and p.returncode:
             raise LabError(f"ssh {host} {cmd!r} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
         return p
+
+    def launch(self, host: str, argv: list[str], cwd: str | None = None, **popen_kw) -> subprocess.Popen:
+        """Start `argv` on `host` over SSH in `cwd` (default: here) with `launch_env()` (e.g. horovodrun on h1)."""
+        self._index(host)
+        line = netlab_ssh.remote_command(self, argv, cwd or os.getcwd(), self.launch_env())
+        return subprocess.Popen(netlab_ssh.ssh_cmd(self, host, line), stdin=subprocess.DEVNULL, **popen_kw)
+
+    def launch_env(self, **extra) -> dict[str, str]:
+        """Return what launchers on lab hosts need: the lab's ssh first on PATH, a lab HOME, Open MPI as root."""
+        return netlab_ssh.launch_env(self, **extra)
+
+    def horovodrun_args(self, slots: int = 1, hosts: list[str] | None = None) -> list[str]:
+        """Return `-np N -H h1:S,h2:S --network-interface eth0` for horovodrun started on a lab host."""
+        return netlab_ssh.horovodrun_args(self, slots, hosts)
+
+    def mpi_args(self, slots: int = 1, hosts: list[str] | None = None) -> list[str]:
+        """Return mpiexec's `-np -H`, the lab's ssh as Open MPI's agent and the variables to carry to each host."""
+        return netlab_ssh.mpi_args(self, slots, hosts)
 
     def measure_rate(self, a: str, b: str, seconds: float = 2.0) -> dict[str, float]:
         """Stream bytes over a TCP socket a->b, then b->a; return what each receiver got, in bytes/s."""

@@ -14,12 +14,13 @@ import sys
 import time
 
 SSHD_PACKAGE = "openssh-server"
+SSHD_PATHS = ("/usr/sbin/sshd", "/sbin/sshd")      # not on a normal user's PATH
 
 
 def find_sshd() -> str:
     """Return the path of OpenSSH's server; raise LabError naming the Debian package when it is missing."""
     from .netlab import LabError
-    path = shutil.which("sshd") or next((p for p in ("/usr/sbin/sshd", "/sbin/sshd") if os.path.exists(p)), None)
+    path = shutil.which("sshd") or next((p for p in SSHD_PATHS if os.path.exists(p)), None)
     if not path:
         raise LabError(f"no OpenSSH server (sshd): install Debian's {SSHD_PACKAGE} "
                        f"(apt-get install -y {SSHD_PACKAGE}); `make setup` does this when run as root")
@@ -108,25 +109,44 @@ def wait_ready(lab, timeout: float = 30):
         raise LabError(f"the SSH server of {', '.join(pending)} did not answer within {timeout:.0f} s")
 
 
-def launch_env(lab, **extra) -> dict:
-    """Return the environment for horovodrun/mpiexec driving the lab: the lab's ssh first on PATH, a lab HOME."""
-    venv_bin = os.path.dirname(sys.executable)
-    env = dict(os.environ, PATH=f"{lab.dir}/bin:{venv_bin}:{os.environ.get('PATH', '')}", HOME=f"{lab.dir}/home",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_USE_LEGACY_KERAS="1",
-               PYTHONUNBUFFERED="1")
+LAUNCH_VARS = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "KIT_DATA_DIR")
+
+
+def launch_env(lab, **extra) -> dict[str, str]:
+    """Return the variables a launcher on a lab host needs: the lab's ssh and the venv first on PATH, a lab HOME."""
+    env = {"PATH": f"{lab.dir}/bin:{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+           "HOME": f"{lab.dir}/home", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+    env.update({k: os.environ[k] for k in LAUNCH_VARS if k in os.environ})
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
 
-def host_list(lab, slots: dict[str, int] | int, by: str = "addr") -> str:
-    """Return "ADDR1:2,ADDR2:2" (or by="name": "h1:2,h2:2") for `slots` per host (a dict, or one number for all)."""
-    slots = slots if isinstance(slots, dict) else {h: slots for h in lab.hosts}
-    return ",".join(f"{lab.addr_of(h) if by == 'addr' else h}:{k}" for h, k in slots.items())
+def remote_command(lab, argv: list[str], cwd: str, env: dict[str, str]) -> str:
+    """Return the shell line that runs `argv` in `cwd` with exactly `env` added (what ssh sends to the host)."""
+    return f"cd {shlex.quote(cwd)} && exec env {quote([f'{k}={v}' for k, v in env.items()])} {quote(argv)}"
 
 
-def remote_env(names=("PATH", "PYTHONPATH", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL")) -> list[str]:
-    """Return `-x NAME` for the variables mpiexec must carry to the other hosts."""
-    return [a for n in names if n in os.environ or n == "PATH" for a in ("-x", n)]
+def host_list(lab, slots: int, hosts: list[str] | None) -> tuple[int, str]:
+    """Return (number of slots, "h1:2,h2:2") for `slots` per host on `hosts` (default: all)."""
+    hosts = hosts or lab.hosts
+    for h in hosts:
+        lab.addr_of(h)                                      # raises for a host not in the lab
+    return slots * len(hosts), ",".join(f"{h}:{slots}" for h in hosts)
+
+
+def horovodrun_args(lab, slots: int = 1, hosts: list[str] | None = None) -> list[str]:
+    """Return horovodrun's -np/-H/--network-interface arguments for `slots` processes on each of `hosts`."""
+    np_, hl = host_list(lab, slots, hosts)
+    return ["-np", str(np_), "-H", hl, "--network-interface", "eth0"]
+
+
+def mpi_args(lab, slots: int = 1, hosts: list[str] | None = None) -> list[str]:
+    """Return mpiexec's arguments: -np/-H, the lab's ssh as Open MPI's remote agent, eth0, variables to carry."""
+    np_, hl = host_list(lab, slots, hosts)
+    carry = [a for k in launch_env(lab) if k != "HOME" for a in ("-x", k)]
+    return ["-np", str(np_), "-H", hl, "--prefix", sys.prefix, "--mca", "plm_rsh_agent", f"{lab.dir}/bin/ssh",
+            "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0", *carry]
 
 
 def quote(cmd: list[str]) -> str:
