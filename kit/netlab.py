@@ -23,12 +23,10 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import time
 import weakref
 
-from . import netlab_ssh
+from . import netlab_rate, netlab_ssh
 
 PREFIX = "kitlab"
 NAME_RE = re.compile(rf"^{PREFIX}(\d+)-")
@@ -297,45 +295,11 @@ class Lab:
         """Return mpiexec's `-np -H`, the lab's ssh as Open MPI's agent and the variables to carry to each host."""
         return netlab_ssh.mpi_args(self, slots, hosts)
 
-    def measure_rate(self, a: str, b: str, seconds: float = 2.0) -> dict[str, float]:
+    def measure_rate(self, a: str, b: str, seconds: float = 3.0) -> dict[str, float]:
         """Stream bytes over a TCP socket a->b, then b->a; return what each receiver got, in bytes/s."""
-        return {f"{a}->{b}": self._stream(a, b, seconds), f"{b}->{a}": self._stream(b, a, seconds)}
+        return {f"{a}->{b}": netlab_rate.stream(self, a, b, seconds),
+                f"{b}->{a}": netlab_rate.stream(self, b, a, seconds)}
 
-    def _stream(self, src: str, dst: str, seconds: float) -> float:
-        recv = subprocess.Popen(self.exec_cmd(dst, sys.executable, "-c", _PROBE, "recv", self.addr_of(dst)),
-                                stdout=subprocess.PIPE, text=True)
-        try:
-            port = recv.stdout.readline().strip()
-            if not port:
-                raise LabError(f"the rate probe on {dst} did not start")
-            run(*self.exec_cmd(src, sys.executable, "-c", _PROBE, "send", self.addr_of(dst), port, str(seconds)),
-                timeout=seconds + 60)
-            out, _ = recv.communicate(timeout=60)
-            return json.loads(out)["bytes_per_s"]
-        finally:
-            if recv.poll() is None:
-                recv.kill()
-                recv.wait()
-
-
-# A socket stream: the receiver counts the bytes after a 0.3 s warm-up (TCP slow start, the bucket's burst).
-_PROBE = r"""
-import json, socket, sys, time
-if sys.argv[1] == "recv":
-    s = socket.create_server((sys.argv[2], 0)); s.settimeout(60)
-    print(s.getsockname()[1], flush=True)
-    c, _ = s.accept(); c.settimeout(60); buf = bytearray(1 << 20); n = 0; t0 = None; start = time.perf_counter()
-    while (k := c.recv_into(buf)):
-        now = time.perf_counter()
-        if t0 is None and now - start > 0.3: t0, n = now, 0
-        n += k; end = now
-    print(json.dumps({"bytes_per_s": n / (end - t0)}))
-else:
-    c = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=60); data = bytes(1 << 20)
-    stop = time.perf_counter() + float(sys.argv[4])
-    while time.perf_counter() < stop: c.sendall(data)
-    c.close()
-"""
 
 _LABS: "weakref.WeakSet[Lab]" = weakref.WeakSet()
 

@@ -124,7 +124,7 @@ def launch_env(lab, **extra) -> dict[str, str]:
 
 def remote_command(lab, argv: list[str], cwd: str, env: dict[str, str]) -> str:
     """Return the shell line that runs `argv` in `cwd` with exactly `env` added (what ssh sends to the host)."""
-    return f"cd {shlex.quote(cwd)} && exec env {quote([f'{k}={v}' for k, v in env.items()])} {quote(argv)}"
+    return f"cd {shlex.quote(cwd)} && exec env {shlex.join(f'{k}={v}' for k, v in env.items())} {shlex.join(argv)}"
 
 
 def host_list(lab, slots: int, hosts: list[str] | None) -> tuple[int, str]:
@@ -147,7 +147,3 @@ def mpi_args(lab, slots: int = 1, hosts: list[str] | None = None) -> list[str]:
     carry = [a for k in launch_env(lab) if k != "HOME" for a in ("-x", k)]
     return ["-np", str(np_), "-H", hl, "--prefix", sys.prefix, "--mca", "plm_rsh_agent", f"{lab.dir}/bin/ssh",
             "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0", *carry]
-
-
-def quote(cmd: list[str]) -> str:
-    return " ".join(shlex.quote(c) for c in cmd)

@@ -6,7 +6,6 @@ ip, tc) FAILS with the package to install. Without root they are skipped, except
 """
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
