@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import weakref
 
 from . import netlab_rate, netlab_ssh
 
@@ -301,7 +300,7 @@ class Lab:
                 f"{b}->{a}": netlab_rate.stream(self, b, a, seconds)}
 
 
-_LABS: "weakref.WeakSet[Lab]" = weakref.WeakSet()
+_LABS: set[Lab] = set()        # strong references: a lab nobody holds is still stopped at exit
 
 
 @atexit.register

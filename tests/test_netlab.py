@@ -21,7 +21,7 @@ from kit import mnist, netlab, netlab_ssh
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SCRIPT = str(REPO / "scripts" / "train_keras_mnist.py")
-TINY = ["--dataset", "digits", "--train-samples", "512", "--batch-size", "32"]
+TINY = ["--dataset", "digits", "--train-samples", "512", "--batch-size", "32", "--threads", "1"]
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="kit.netlab makes network namespaces, which needs root "
                                 "(CI runs as root; locally: sudo, or Docker with --cap-add NET_ADMIN)")
@@ -279,7 +279,7 @@ def finish(proc, timeout):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("kind", ["gloo", "mpi"])
 def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
-    ckpt, total = tmp_path / "ckpt", 40
+    ckpt, total, t0, ssh_before = tmp_path / "ckpt", 40, time.time(), ssh_home_state()
     with netlab.start(hosts=2) as lab:
         # 1. 4 ranks, 2 per host, started from h1 as on a real cluster; kill one rank on h2 mid-run.
         p = lab.launch("h1", launcher(kind, lab, "--epochs", str(total), "--checkpoint-dir", str(ckpt)),
@@ -289,8 +289,16 @@ def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
             time.sleep(0.2)
         on_h2 = rank_pids(lab, "h2")
         assert len(on_h2) == 2 and len(rank_pids(lab, "h1")) == 2, "not 2 ranks on each host"
+        for host in lab.hosts:      # a namespace has only lo and eth0: all it listens on is the lab or loopback
+            socks = [a.rsplit(":", 1)[0] for a, _ in listening(lab.ns(host))]
+            assert set(socks) <= {lab.addr_of(host), "0.0.0.0", "*", "[::]", "127.0.0.1", "[::1]"}, socks
+            links = netlab.run("ip", "-n", lab.ns(host), "-o", "link").stdout.splitlines()
+            assert [ln.split(":")[1].strip().split("@")[0] for ln in links] == ["lo", "eth0"], links
         os.kill(on_h2[0], signal.SIGKILL)
+        t_kill = time.time()
         rc, out = finish(p, 300)
+        print(f"\n{kind}: first checkpoint after {t_kill - t0:.0f} s, job ended {time.time() - t_kill:.0f} s after "
+              f"the kill")
         assert rc != 0, f"the job did not notice its killed rank:\n{out[-3000:]}"
         done = [int(mnist.CKPT_RE.search(c.name)[1]) for c in mnist.list_checkpoints(ckpt)]
         assert done and max(done) < total, f"not killed mid-way: checkpoints {done}"
@@ -299,10 +307,13 @@ def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
         p = lab.launch("h1", launcher(kind, lab, "--epochs", str(last + 2), "--checkpoint-dir", str(ckpt),
                                       "--json", str(tmp_path / "r.json")),
                        cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        t1 = time.time()
         rc, out = finish(p, 400)
+        print(f"{kind}: resumed run {time.time() - t1:.0f} s")
         assert rc == 0, out[-3000:]
         assert f"resumed from epoch {last}" in out and "replicas identical: True" in out, out[-3000:]
         result = json.loads((tmp_path / "r.json").read_text())
         assert result["size"] == 4 and [h["epoch"] for h in result["history"]] == [last + 1, last + 2]
         assert not rank_pids(lab, "h1") and not rank_pids(lab, "h2")
     assert_clean()
+    assert ssh_home_state() == ssh_before, "the user's ~/.ssh changed"
