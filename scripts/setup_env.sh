@@ -34,11 +34,14 @@ stamp=$( (cat pyproject.toml scripts/setup_env.sh scripts/install_horovod.sh scr
 [ "${1:-}" = --print-stamp ] && { echo "$stamp"; exit 0; }     # tests/test_packaging.py
 
 # --- root only: the system packages the emulated-host lab needs (kit.netlab) --------------------------------
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! [ -x /usr/sbin/sshd ]; then
-  say "root: installing Debian's openssh-server for the emulated-host lab (kit.netlab)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null 2>&1 \
-    || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null; } \
-    || die "apt-get install openssh-server failed (the lab needs it; the rest of the kit does not)"
+lab_pkgs=()
+[ -x /usr/sbin/sshd ] || lab_pkgs+=(openssh-server)
+{ command -v ip && command -v tc && command -v ss; } >/dev/null 2>&1 || lab_pkgs+=(iproute2)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ${#lab_pkgs[@]} -gt 0 ]; then
+  say "root: installing Debian's ${lab_pkgs[*]} for the emulated-host lab (kit.netlab)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${lab_pkgs[@]}" >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${lab_pkgs[@]}" >/dev/null; } \
+    || die "apt-get install ${lab_pkgs[*]} failed (the lab needs it; the rest of the kit does not)"
 fi
 
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.kit-stamp" 2>/dev/null)" = "$stamp" ]; then
