@@ -30,12 +30,10 @@ def test_tiny_benchmark_writes_json_figures_and_a_summary(tmp_path, no_leaks, na
     assert done.stdout.strip().splitlines()[-1] == doc["summary"]         # the one-line summary, printed last
 
 
-def test_tiny_is_refused_where_a_benchmark_has_none(tmp_path):
-    from kit import bench
-    with pytest.raises(ValueError, match="no --tiny"):
-        bench.run("mnist", tmp_path, tiny=True)
+COMMUNICATION = ("bench", "costmodel", "link", "mlp", "plots", "ps", "ps_bench", "ring", "ring_bench", "ring_sim")
 
 
-def test_no_kit_module_switches_the_matplotlib_backend():
-    calls = {p.name: re.findall(r"matplotlib\.use\(|plt\.switch_backend\(", p.read_text()) for p in KIT.glob("*.py")}
+def test_no_communication_module_switches_the_matplotlib_backend():
+    calls = {m: re.findall(r"matplotlib\.use\(|plt\.switch_backend\(", (KIT / f"{m}.py").read_text())
+             for m in COMMUNICATION}
     assert not {name: c for name, c in calls.items() if c}
