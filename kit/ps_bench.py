@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import env
-from .costmodel import measure_alpha_beta, t_comm_one_host, t_comm_ps
+from .costmodel import DEFAULT_SIZES, measure_alpha_beta, t_comm_one_host, t_comm_ps
 from .ps import Config, Run, train
 
 
@@ -79,14 +79,14 @@ def training_runs(cluster, cfg: Config, servers=(1, 2)) -> dict:
 
 
 def exchange_table(cluster, ab: dict, floats=(1 << 20, 1 << 22), steps: int = 30, runs: int = 3,
-                   servers=(1, 2)) -> tuple[list[dict], dict]:
+                   servers=(1, 2), empty_runs: int = 3) -> tuple[list[dict], dict]:
     """Time bare exchanges of each size in `floats` (float32 values) for every N and k the cluster allows, with
     the one-host model built from `ab` (`measure_alpha_beta`) and each pattern's empty exchange; return (rows,
     {(N, k): t_empty seconds})."""
     rows, empty = [], {}
     for k in servers:
         for n in range(1, cluster.size - k + 1):
-            empty[n, k] = empty_exchange(cluster, n, k)
+            empty[n, k] = empty_exchange(cluster, n, k, empty_runs)
             rows += [exchange(cluster, n, k, f, steps, runs, alpha=ab["alpha"], B=ab["B"], t_empty=empty[n, k],
                               B_max=ab["B_max"][k]) for f in floats]
     return rows, empty
@@ -94,9 +94,11 @@ def exchange_table(cluster, ab: dict, floats=(1 << 20, 1 << 22), steps: int = 30
 
 # ----------------------------------------------------------------------------- the benchmark
 SETTINGS = {   # training steps, exchange sizes (float32 values), ping-pong repeats and rounds, exchange runs
-    "tiny": dict(engines=3, steps=3, floats=(1 << 12,), pingpong=(2, 1), runs=1),
-    "quick": dict(engines=5, steps=8, floats=(1 << 20,), pingpong=(3, 1), runs=3),
-    "full": dict(engines=5, steps=40, floats=(1 << 20, 1 << 22), pingpong=(20, 3), runs=3),
+    "tiny": dict(engines=3, steps=3, floats=(1 << 12,), pingpong=(2, 1), runs=1, sizes=[4, 1 << 16, 1 << 20],
+                 servers=(1,)),
+    "quick": dict(engines=5, steps=8, floats=(1 << 20,), pingpong=(3, 1), runs=3, sizes=DEFAULT_SIZES, servers=(1, 2)),
+    "full": dict(engines=5, steps=40, floats=(1 << 20, 1 << 22), pingpong=(20, 3), runs=3, sizes=DEFAULT_SIZES,
+                 servers=(1, 2)),
 }
 
 
@@ -107,9 +109,9 @@ def experiment(size: str = "full") -> dict:
     with kc.start(n=s["engines"], quiet=True) as c:
         c.init_process_group()
         exchange(c, c.size - 1, 1, s["floats"][-1], 5)   # warm-up: first big messages pay for buffers, page faults
-        ab = measure_alpha_beta(c, repeats=s["pingpong"][0], rounds=s["pingpong"][1])
-        runs = training_runs(c, Config(steps=s["steps"], batch=120 if size != "tiny" else 12))
-        rows, empty = exchange_table(c, ab, s["floats"], s["steps"], s["runs"])
+        ab = measure_alpha_beta(c, s["sizes"], repeats=s["pingpong"][0], rounds=s["pingpong"][1])
+        runs = training_runs(c, Config(steps=s["steps"], batch=120 if size != "tiny" else 12), s["servers"])
+        rows, empty = exchange_table(c, ab, s["floats"], s["steps"], s["runs"], s["servers"], s["runs"])
     train_rows = [summarise(r, ab["alpha"], ab["B"], empty[nk], ab["B_max"][nk[1]]) for nk, r in runs.items()]
     return {"ab": ab, "train_rows": train_rows, "rows": rows, "engines": s["engines"]}
 

@@ -207,7 +207,7 @@ def scaling(K: int, reps: int = 3, ranks=(2, 3, 4)) -> dict:
 
 # ----------------------------------------------------------------------------------- the benchmark
 SETTINGS = {   # reps, largest size, size factor, fusion tensors and reps, ranks for the model, ping-pong repeats
-    "tiny": dict(reps=1, hi=64 << 10, factor=16, count=10, fusion_reps=1, ranks=(2,), pingpong=(3, 1)),
+    "tiny": dict(reps=1, hi=64 << 10, factor=16, count=10, fusion_reps=1, ranks=(), pingpong=(3, 1)),
     "quick": dict(reps=2, hi=64 << 20, factor=16, count=100, fusion_reps=3, ranks=(2, 3), pingpong=(20, 3)),
     "full": dict(reps=5, hi=256 << 20, factor=4, count=100, fusion_reps=3, ranks=(2, 3, 4), pingpong=(20, 3)),
 }
