@@ -13,7 +13,8 @@ from . import env as _env
 _env.use_legacy_keras()
 
 __version__ = "0.1.0"
-_SUBMODULES = ("env", "cluster", "datasets", "sysinfo", "data", "monitor", "ps", "ring", "bench", "plots", "mnist")
+_SUBMODULES = ("env", "cluster", "datasets", "sysinfo", "data", "monitor", "ps", "ring", "bench", "plots", "mnist",
+               "link", "costmodel", "mlp", "ps_bench", "ring_sim", "ring_bench")
 
 
 def __getattr__(name):

@@ -1,11 +1,13 @@
-"""Benchmarks behind the README's tables: `python -m kit.bench NAME [--quick] [--out results/]`.
+"""Benchmarks behind the README's tables: `python -m kit.bench NAME [--quick | --tiny] [--out results/]`.
 
 Each benchmark writes results/NAME.json (and its plots as results/NAME*.png) and prints, as its last line,
 a one-line summary of the figures its issue asks for. Speed targets live here, never in unit tests.
+`--tiny` is a smoke run of the benchmarks that offer one (seconds; the tests run it into a temporary folder).
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import platform
 import sys
@@ -15,11 +17,12 @@ from pathlib import Path
 
 from . import sysinfo
 
-# name -> "module:function"; each function takes (out_dir: Path, quick: bool) and returns (result dict, summary)
+# name -> "module:function"; each function takes (out_dir: Path, quick: bool[, tiny: bool]) and returns
+# (result dict, summary). The function calls the experiments its notebook calls, with the benchmark's settings.
 BENCHES = {
     "loading": "kit.data:bench",
-    "ps": "kit.ps:bench",
-    "allreduce": "kit.ring:bench",
+    "ps": "kit.ps_bench:bench",
+    "allreduce": "kit.ring_bench:bench",
     "mnist": "kit.mnist:bench",
 }
 
@@ -30,13 +33,16 @@ def machine() -> dict:
             "versions": sysinfo.versions(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def run(name: str, out_dir: Path, quick: bool = False) -> str:
+def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False) -> str:
     """Run one benchmark, write out_dir/NAME.json, return its summary line."""
     module, func = BENCHES[name].split(":")
+    bench = getattr(import_module(module), func)
+    if tiny and "tiny" not in inspect.signature(bench).parameters:
+        raise ValueError(f"benchmark {name!r} has no --tiny setting: run it with --quick")
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    result, summary = getattr(import_module(module), func)(out_dir, quick)
-    doc = {"benchmark": name, "quick": quick, "seconds": round(time.time() - t0, 1), "machine": machine(),
+    result, summary = bench(out_dir, quick, tiny=True) if tiny else bench(out_dir, quick)
+    doc = {"benchmark": name, "quick": quick, "tiny": tiny, "seconds": round(time.time() - t0, 1), "machine": machine(),
            "summary": summary, **result}
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
@@ -48,10 +54,11 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=[*BENCHES, "all"])
     p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the README)")
+    p.add_argument("--tiny", action="store_true", help="smallest settings: a smoke run (ps, allreduce)")
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
     a = p.parse_args(argv)
     names = list(BENCHES) if a.name == "all" else [a.name]
-    summaries = [run(n, a.out, a.quick) for n in names]
+    summaries = [run(n, a.out, a.quick, a.tiny) for n in names]
     for s in summaries:
         print(s)
 

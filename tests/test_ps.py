@@ -1,4 +1,7 @@
-"""kit.ps: the parameter server equals single-process SGD, counts its bytes exactly, and fails loudly."""
+"""kit.ps: the parameter server equals single-process SGD, counts its bytes exactly, and fails loudly.
+
+Every test is independent of the others' order: the one that kills an engine starts a cluster of its own.
+"""
 import os
 import time
 
@@ -7,7 +10,8 @@ import pytest
 
 import kit
 from conftest import descendants
-from kit import ps
+from kit import ps, ps_bench
+from kit.costmodel import measure_alpha_beta
 
 
 def test_shards_cover_the_vector_once():
@@ -17,18 +21,6 @@ def test_shards_cover_the_vector_once():
         assert np.array_equal(np.concatenate([np.arange(numel)[p] for p in parts]), np.arange(numel))
 
 
-def test_cost_model_formula_and_fit():
-    assert ps.t_comm_ps(4, 1e6, 1e-5, 1e9) == pytest.approx(2 * (1e-5 + 4e-3))
-    assert ps.t_comm_ps(4, 1e6, 1e-5, 1e9, k=2) == pytest.approx(2 * (1e-5 + 2e-3))
-    # One host: the empty exchange's time, then N K bytes each way at min(B_max, N B) (the max-rate model).
-    assert ps.t_comm_one_host(1, 1e6, 1e9, 1e-3, B_max=1.5e9) == pytest.approx(1e-3 + 2 * 1e6 / 1e9)
-    assert ps.t_comm_one_host(4, 1e6, 1e9, 1e-3, B_max=1.5e9) == pytest.approx(1e-3 + 2 * 4e6 / 1.5e9)
-    assert ps.t_comm_one_host(4, 1e6, 1e9, 1e-3) == pytest.approx(1e-3 + 2 * 4e6 / 1e9)
-    sizes = np.array([4, 1e3, 1e5, 1e6, 1e7])
-    alpha, bw = ps.fit_alpha_beta(sizes, 50e-6 + sizes / 2e9)
-    assert alpha == pytest.approx(50e-6, rel=1e-3) and bw == pytest.approx(2e9, rel=1e-3)
-
-
 def test_bad_configs_raise_clear_errors():
     with pytest.raises(ValueError, match="need 6 engines, but the cluster has 4"):
         ps.check(ps.Config(workers=5, servers=1), engines=4)
@@ -36,6 +28,8 @@ def test_bad_configs_raise_clear_errors():
         ps.check(ps.Config(workers=7, batch=120), engines=8)
     with pytest.raises(ValueError, match="mode"):
         ps.check(ps.Config(mode="gossip"), engines=4)
+    with pytest.raises(ValueError, match="one server"):
+        ps.check(ps.Config(mode="async", servers=2), engines=4)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +47,7 @@ def cluster():
         assert not descendants() - before, "kit.cluster left processes running"
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers,servers", [(1, 1), (3, 1), (2, 2)])
 def test_sync_ps_equals_single_process_sgd(cluster, workers, servers):
     cfg = ps.Config(workers=workers, servers=servers, steps=6, batch=60, lr=0.1)
@@ -63,6 +58,17 @@ def test_sync_ps_equals_single_process_sgd(cluster, workers, servers):
     assert not np.allclose(run.params, ps.initial_params(cfg).numpy())   # it did train
 
 
+@pytest.mark.timeout(300)
+def test_async_ps_with_one_worker_is_sync_exactly(cluster):
+    cfg = ps.Config(workers=1, servers=1, steps=6, batch=60, lr=0.1)
+    sync = ps.train(cluster, cfg)
+    asynchronous = ps.train(cluster, ps.Config(workers=1, servers=1, steps=6, batch=60, lr=0.1, mode="async"))
+    assert np.array_equal(asynchronous.params, sync.params)              # bitwise: the same updates in order
+    assert np.array_equal(asynchronous.loss(), sync.loss())
+    assert asynchronous.servers[0]["staleness"] == [0] * cfg.steps     # one worker is never stale
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers,servers", [(3, 1), (2, 2)])
 def test_bytes_are_exactly_n_times_k_per_direction(cluster, workers, servers):
     cfg = ps.Config(workers=workers, servers=servers, steps=4)
@@ -75,53 +81,60 @@ def test_bytes_are_exactly_n_times_k_per_direction(cluster, workers, servers):
         assert set(s["in"]) == set(s["out"]) == {workers * (part.stop - part.start) * 4}
     assert sum(s["in"][0] for s in sb) == sum(s["out"][0] for s in sb) == workers * K
     assert all(set(w["in"]) == set(w["out"]) == {K} for w in run.worker_bytes())
-    assert ps.summarise(run)["bytes_exact"]
+    assert ps_bench.summarise(run)["bytes_exact"]
 
 
+@pytest.mark.timeout(300)
 def test_async_ps_applies_every_push_and_tracks_staleness(cluster):
     cfg = ps.Config(workers=3, steps=5, mode="async", lr=0.03)
     run = ps.train(cluster, cfg)
     srv = run.servers[0]
     assert len(srv["staleness"]) == 15 and sorted(srv["from"]) == sorted([0, 1, 2] * 5)
     assert all(0 <= s < 15 for s in srv["staleness"]) and srv["staleness"][0] == 0
-    assert set(run.server_bytes()[0]["in"]) == {run.grad_bytes}   # one push per update
-    assert np.isfinite(run.params).all()
+    assert set(run.server_bytes()[0]["in"]) == {run.grad_bytes + 4}   # one push per update, after its 4-byte header
+    assert set(run.server_bytes()[0]["out"]) == {run.grad_bytes}      # the parameters, to that worker only
+    assert np.isfinite(run.params).all() and not np.allclose(run.params, ps.initial_params(cfg).numpy())
 
 
+@pytest.mark.timeout(120)
 def test_too_many_workers_is_a_clear_error(cluster):
     with pytest.raises(ValueError, match="need 5 engines, but the cluster has 4"):
         ps.train(cluster, ps.Config(workers=4))
 
 
+@pytest.mark.timeout(300)
 def test_pingpong_measures_alpha_and_bandwidth(cluster):
     before = cluster.view.apply_sync(os.sched_getaffinity, 0)
-    ab = ps.measure_alpha_beta(cluster, sizes=[4, 1 << 16, 1 << 20], repeats=3)
+    ab = measure_alpha_beta(cluster, sizes=[4, 1 << 16, 1 << 20], repeats=3)
     assert ab["alpha"] >= 0 and ab["B"] > 1e6
     assert ab["sizes"] == [4, 1 << 16, 1 << 20] and all(t > 0 for t in ab["seconds"])
     assert sorted(ab["B_max"]) == [1, 2] and all(b > 1e6 for b in ab["B_max"].values())   # 4 engines: 1 and 2 hubs
     assert cluster.view.apply_sync(os.sched_getaffinity, 0) == before      # the ping-pong's pinning is undone
 
 
+@pytest.mark.timeout(300)
 def test_exchange_prediction_is_built_from_measured_parts(cluster):
-    empty = ps.exchange(cluster, 2, 1, floats=1, steps=6)
+    empty = ps_bench.exchange(cluster, 2, 1, floats=1, steps=6)
     assert empty["bytes_exact"] and empty["server_in"] == 2 * 4 and empty["measured_ms"] > 0
     run = ps.train(cluster, ps.Config(workers=3, servers=1, steps=6, exchange_only=1 << 12))
     t_empty = empty["measured_ms"] / 1e3
-    row = ps.summarise(run, alpha=1e-5, B=1e9, t_empty=t_empty, B_max=2e9)
+    row = ps_bench.summarise(run, alpha=1e-5, B=1e9, t_empty=t_empty, B_max=2e9)
     K = 4 << 12
     assert row["K"] == K and row["server_in"] == 3 * K and row["bytes_exact"]
     assert row["predicted_ms"] == pytest.approx(1e3 * (t_empty + 2 * 3 * K / 2e9))
-    assert row["predicted_one_host_ms"] == pytest.approx(1e3 * 2 * (1e-5 + 3 * K / 1e9))
+    assert row["predicted_one_host_ms"] == pytest.approx(1e3 * 2 * 3 * (1e-5 + K / 1e9))
     assert row["error"] == pytest.approx(row["measured_ms"] / row["predicted_ms"] - 1)
 
 
-def test_a_dead_worker_makes_everyone_raise_in_bounded_time(cluster):
-    """Runs last: it kills an engine."""
-    t0 = time.time()
-    with pytest.raises(ps.PSError) as err:
-        ps.train(cluster, ps.Config(workers=3, steps=10, die_at=(1, 2)))
-    assert time.time() - t0 < 20   # well under the 20 s message timeout: closed sockets are noticed at once
+@pytest.mark.timeout(180)
+def test_a_dead_worker_makes_everyone_raise_in_bounded_time(no_leaks):
+    with kit.cluster.start(n=4, timeout=20, quiet=True) as c:     # a cluster of its own: this test kills an engine
+        c.init_process_group()
+        t0 = time.time()
+        with pytest.raises(ps.PSError) as err:
+            ps.train(c, ps.Config(workers=3, steps=10, die_at=(1, 2)))
+        assert time.time() - t0 < 20   # well under the 20 s message timeout: closed sockets are noticed at once
     msg = str(err.value)
     assert "worker 1 (rank 2) DIED" in msg
-    assert "server 0 (rank 0) raised PeerLostError" in msg and "worker 1 (rank 2)" in msg.splitlines()[1]
+    assert "server 0 (rank 0) raised PeerLostError: server 0 (rank 0): the worker at rank 2 closed" in msg
     assert "worker 0 (rank 1) raised PeerLostError" in msg and "worker 2 (rank 3) raised PeerLostError" in msg
