@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 import kit.cluster as kc
+import kit.env
 from conftest import descendants
 
 
@@ -69,16 +70,88 @@ def test_mpi_without_mpiexec_says_what_to_do(no_leaks):
 
 
 def test_mpi_with_horovod_built_without_mpi_says_what_to_do(no_leaks, monkeypatch):
-    monkeypatch.setattr(kc, "_horovod_has_mpi", lambda: False)
+    monkeypatch.setattr(kc.launchers, "horovod_has_mpi", lambda: False)
     with pytest.raises(kc.ClusterError, match="built without MPI.*install_horovod.sh"):
         kc.start(2, "mpi")
 
 
-def test_more_engines_than_gpus_needs_opt_in(no_leaks, monkeypatch):
+# ------------------------------------------------------------------ device policy (a GPU list, no GPU needed)
+GPUS = {0: [], 1: ["0"], 2: ["0", "1"], 4: ["0", "1", "2", "3"]}
+
+
+@pytest.mark.parametrize("g", sorted(GPUS))
+@pytest.mark.parametrize("engines", [1, 2, 4, 5])
+def test_cpu_work_runs_with_any_number_of_engines_on_any_host(g, engines):
+    assert kc.plan_devices(GPUS[g], engines, "cpu") == ([], "")
+    gpus, notice = kc.plan_devices(GPUS[g], engines, "auto")
+    if 0 < g < engines:                     # too few GPUs: CPU, and a one-line notice says so and what to do
+        assert gpus == [] and "\n" not in notice and f"{engines} engines per host but {g} GPU(s)" in notice
+        assert "share_gpus=True" in notice
+    else:                                   # enough GPUs: one each; no GPU at all: CPU, nothing to say
+        assert gpus == GPUS[g] and notice == ""
+
+
+@pytest.mark.parametrize("g", sorted(GPUS))
+@pytest.mark.parametrize("engines", [1, 2, 4, 5])
+def test_gpu_work_gets_one_gpu_per_local_rank_or_a_clear_error(g, engines):
+    if g == 0:
+        with pytest.raises(kc.ClusterError, match="no GPU is visible.*devices='cpu'"):
+            kc.plan_devices(GPUS[g], engines, "gpu", share_gpus=True)
+    elif engines > g:
+        with pytest.raises(kc.ClusterError, match=f"{engines} engines per host but only {g} GPU.*share_gpus=True"):
+            kc.plan_devices(GPUS[g], engines, "gpu")
+        assert kc.plan_devices(GPUS[g], engines, "gpu", share_gpus=True) == (GPUS[g], "")
+    else:
+        gpus, _ = kc.plan_devices(GPUS[g], engines, "gpu")
+        slots = kc.assign_slots({e: "h" for e in range(engines)})
+        seen = [kc.engine_env(slots[e], gpus=gpus, threads=1, timeout=30)["CUDA_VISIBLE_DEVICES"]
+                for e in range(engines)]
+        assert seen == GPUS[g][:engines]    # a different GPU for each local rank
+
+
+def test_shared_gpus_are_dealt_round_robin():
+    slots = kc.assign_slots({e: "h" for e in range(5)})
+    gpus, _ = kc.plan_devices(["0", "1"], 5, "gpu", share_gpus=True)
+    assert [kc.engine_env(slots[e], gpus=gpus, threads=1, timeout=30)["CUDA_VISIBLE_DEVICES"]
+            for e in range(5)] == ["0", "1", "0", "1", "0"]
+
+
+def test_bad_devices_value_says_what_is_allowed():
+    with pytest.raises(ValueError, match="devices must be one of 'auto', 'cpu', 'gpu'"):
+        kc.plan_devices([], 2, "cuda")
+
+
+def test_start_refuses_gpu_work_on_too_few_gpus_before_starting_anything(no_leaks, monkeypatch):
     monkeypatch.setattr(kc.sysinfo, "visible_gpus", lambda: ["0"])
+    before = descendants()
     with pytest.raises(kc.ClusterError, match="2 engines per host but only 1 GPU.*share_gpus=True"):
-        kc.start(2, "gloo")
-    assert kc._gpu_plan(2, share_gpus=True) == ["0"]
+        kc.start(2, "gloo", devices="gpu")
+    assert descendants() == before
+
+
+# ------------------------------------------------------------------ launchers: one class per way, one dispatch
+def test_a_new_launcher_is_one_entry_in_LAUNCHERS(no_leaks, monkeypatch):
+    class Refuses(kc.launchers.Launcher):
+        name = "refuses"
+
+        def check(self):
+            raise kc.ClusterError("the refuses launcher cannot run here")
+    monkeypatch.setitem(kc.LAUNCHERS, "refuses", Refuses)
+    with pytest.raises(kc.ClusterError, match="refuses launcher cannot run"):
+        kc.start(2, "refuses")
+    assert isinstance(kc.launcher("gloo"), kc.launchers.GlooLauncher)
+    assert isinstance(kc.launcher("mpi"), kc.launchers.MPILauncher)
+
+
+def test_mpi_launcher_orders_engines_by_mpi_rank_and_checks_the_slots():
+    info = {0: {"host": "h", "mpi": {"rank": 1}}, 1: {"host": "h", "mpi": {"rank": 0}}}
+    mpi = kc.launcher("mpi")
+    order = mpi.rank_order(info)
+    assert order == [1, 0]
+    slots = kc.assign_slots({e: info[e]["host"] for e in order})
+    mpi.check_slots(slots, info)            # engine 1 holds MPI rank 0 -> Horovod rank 0: consistent
+    with pytest.raises(kc.ClusterError, match="unexpected order"):
+        mpi.check_slots(kc.assign_slots({0: "h", 1: "h"}), info)
 
 
 # ------------------------------------------------------------------ real jobs
@@ -127,8 +200,9 @@ def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leak
         assert c.view.apply_sync(_hvd_keras) == want
         assert c.init_process_group() == {r: r for r in range(n)}
         assert c.view.apply_sync(_torch_dist) == want
-        threads = str(max(1, kc.sysinfo.cpu_cores() // n))
-        assert c.view.apply_sync(_threads) == [(threads, "")] * n   # no GPU here: CPU, cores split evenly
+        threads = str(max(1, kit.env.cpu_cores() // n))             # cores split evenly between the engines
+        cuda = [c.gpus[r % len(c.gpus)] if c.gpus else "" for r in range(n)]   # the device plan, whatever the host
+        assert c.view.apply_sync(_threads) == list(zip([threads] * n, cuda))
 
 
 def test_servers_listen_on_loopback_only(no_leaks):
