@@ -2,7 +2,7 @@
 
 The algorithms being taught live in the notebooks; this package hides only what every notebook would
 otherwise repeat. One concept per module: ``kit.cluster``, ``kit.data``, ``kit.monitor``, ``kit.ps``,
-``kit.ring``, ``kit.bench``, ``kit.plots``.
+``kit.ring``, ``kit.bench``, ``kit.plots``; ``kit.env`` holds the framework environment (Keras 2, cores, ranks).
 """
 from importlib import import_module as _import_module
 
@@ -13,7 +13,8 @@ from . import env as _env
 _env.use_legacy_keras()
 
 __version__ = "0.1.0"
-_SUBMODULES = ("env", "cluster", "datasets", "sysinfo", "data", "monitor", "ps", "ring", "bench", "plots", "mnist")
+_SUBMODULES = ("env", "cluster", "launchers", "engines", "datasets", "sysinfo", "data", "data_tf", "monitor",
+               "profiler", "ps", "ring", "bench", "plots", "plots_data", "mnist", "checkpoint", "timeline")
 
 
 def __getattr__(name):
@@ -21,5 +22,5 @@ def __getattr__(name):
     if name in _SUBMODULES:
         return _import_module(f"{__name__}.{name}")
     if name == "profile_loader":
-        return _import_module(f"{__name__}.monitor").profile_loader
+        return _import_module(f"{__name__}.profiler").profile_loader
     raise AttributeError(f"module 'kit' has no attribute {name!r}")

@@ -1,12 +1,10 @@
 """Shared fixtures: every test that starts processes must leave none behind."""
-import os
 import time
 
 import psutil
 import pytest
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import kit  # noqa: F401  (sets the framework environment, TF_USE_LEGACY_KERAS=1, before any test imports TF)
 
 
 def descendants() -> set[int]:
