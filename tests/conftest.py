@@ -34,3 +34,10 @@ def no_leaks():
         except psutil.Error:
             pass
     assert not names, "processes left running:\n" + "\n".join(names)
+
+
+def pytest_collection_modifyitems(items):
+    """Notebook cells (nbval) get the cell timeout `make test` gives nbval (900 s), not the per-test default."""
+    for item in items:
+        if type(item).__name__ == "IPyNbCell" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(900))

@@ -188,6 +188,7 @@ def _threads():
     return os.environ["OMP_NUM_THREADS"], os.environ["CUDA_VISIBLE_DEVICES"]
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leaks, backend, n):
@@ -205,6 +206,7 @@ def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leak
         assert c.view.apply_sync(_threads) == list(zip([threads] * n, cuda))
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 def test_servers_listen_on_loopback_only(no_leaks):
     with kc.start(2, "gloo", quiet=True) as c:
         c.init_process_group()
@@ -224,6 +226,7 @@ def _allreduce_forever():
         i += 1
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backend):
     timeout = 20
@@ -243,12 +246,14 @@ def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backe
         c.stop()
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 def test_exception_inside_with_block_stops_everything(no_leaks):
     with pytest.raises(ZeroDivisionError):
         with kc.start(2, "gloo", quiet=True):
             1 / 0
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 def test_kernel_exit_without_stop_leaves_nothing_running(tmp_path):
     script = textwrap.dedent("""
         import kit.cluster
