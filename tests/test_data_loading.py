@@ -5,6 +5,7 @@ the profiler's recommendation, and the error paths (bad num_workers, a failing s
 Nothing here depends on how fast this machine is: timings are injected (a fake clock, recorded steps), and
 real sleeps are only checked from below (a sleep never ends early).
 """
+import json
 import threading
 import time
 import warnings
@@ -249,3 +250,28 @@ def test_failing_sample_inside_the_monitor_stops_workers(no_leaks):
             for _ in mon.watch(loader):
                 pass
     assert len(mon.steps) == 2                                  # batches 0 and 1 arrived, batch 2 holds sample 17
+
+
+# --- one experiment, two callers ---------------------------------------------------------------------------
+def test_sweep_experiment_needs_the_w0_run():
+    with pytest.raises(ValueError, match="workers must include 0"):
+        data.sweep_experiment(None, None, workers=(1, 2))
+
+
+@pytest.mark.timeout(600)
+def test_bench_loading_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
+    from kit import bench
+    summary = bench.run("loading", tmp_path, quick=True)
+    doc = json.loads((tmp_path / "loading.json").read_text())
+    assert summary.startswith("loading: busy") and doc["summary"] == summary
+    assert [r["workers"] for r in doc["sweep"]] == [0, 1, 2]
+    assert all(r["samples_per_s"] > 0 and 0 < r["busy"] <= 1 for r in doc["sweep"])
+    assert doc["fit"]["t_load"] > 0 and doc["best_workers"] in (0, 1, 2)
+    assert (tmp_path / "loading.png").stat().st_size > 0 and (tmp_path / "loading_timeline.png").stat().st_size > 0
+
+
+def test_benchmarks_leave_the_matplotlib_backend_alone():
+    import inspect
+    from kit import mnist
+    for fn in (data.bench, mnist.bench):
+        assert "matplotlib.use" not in inspect.getsource(fn) and "pyplot" not in inspect.getsource(fn)
