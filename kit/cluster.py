@@ -345,7 +345,8 @@ def start(n: int = 2, backend: str = "gloo", **kwargs) -> Cluster:
     kwargs: timeout (s, default 60: how long a collective waits for a dead peer), devices ("auto": one GPU
     per engine when there are enough, else CPU with a notice; "cpu"; "gpu": one GPU per local rank, an error
     when too few), share_gpus (let several engines share a GPU), threads (framework threads per engine;
-    default cores // engines per host), mpiexec (path), hosts ("server1:4,server2:4": engines over MPI -H or ipyparallel SSH engines),
+    default cores // engines per host), mpiexec (path), hosts ("server1:4,server2:4": engines over MPI -H
+    or ipyparallel SSH engines),
     ip (the address servers bind; default 127.0.0.1, needed otherwise with hosts), quiet.
     """
     return Cluster(n, backend, **kwargs).start()

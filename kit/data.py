@@ -9,8 +9,8 @@ Two kinds of cost, and they behave differently on a machine with few cores:
   decode faster than 2 cores can, and they compete with the training step for those cores.
 - I/O latency (`io_ms`, a sleep standing in for a disk or network read) needs no core; W workers overlap W
   reads, so it parallelises past the core count.
-The same pipeline for Keras 3 (a `keras.utils.PyDataset`) and tf.data is in `kit.data_tf`. Notebook 01 and `python -m kit.bench loading` run the same experiment: `setup` then
-`sweep_experiment`, with the notebook's and the benchmark's settings as arguments.
+The same pipeline for Keras 3 (a `keras.utils.PyDataset`) and tf.data is in `kit.data_tf`. Notebook 01 and
+`python -m kit.bench loading` run the same experiment, `sweep_experiment`, with their settings as arguments.
 """
 from __future__ import annotations
 
