@@ -2,7 +2,7 @@
 
 The algorithms being taught live in the notebooks; this package hides only what every notebook would
 otherwise repeat. One concept per module: ``kit.cluster``, ``kit.data``, ``kit.monitor``, ``kit.ps``,
-``kit.ring``, ``kit.bench``, ``kit.plots``.
+``kit.ring``, ``kit.bench``, ``kit.plots``; ``kit.env`` holds the framework environment (Keras 2, cores, ranks).
 """
 from importlib import import_module as _import_module
 
@@ -13,8 +13,9 @@ from . import env as _env
 _env.use_legacy_keras()
 
 __version__ = "0.1.0"
-_SUBMODULES = ("env", "cluster", "datasets", "sysinfo", "data", "monitor", "ps", "ring", "bench", "plots", "mnist",
-               "link", "costmodel", "mlp", "ps_bench", "ring_sim", "ring_bench")
+_SUBMODULES = ("env", "cluster", "launchers", "engines", "datasets", "sysinfo", "data", "data_tf", "monitor",
+               "profiler", "ps", "mlp", "ps_bench", "link", "costmodel", "ring", "ring_sim", "ring_bench", "bench",
+               "plots", "plots_data", "mnist", "checkpoint", "timeline", "netlab", "netlab_ssh", "netlab_rate")
 
 
 def __getattr__(name):
@@ -22,5 +23,5 @@ def __getattr__(name):
     if name in _SUBMODULES:
         return _import_module(f"{__name__}.{name}")
     if name == "profile_loader":
-        return _import_module(f"{__name__}.monitor").profile_loader
+        return _import_module(f"{__name__}.profiler").profile_loader
     raise AttributeError(f"module 'kit' has no attribute {name!r}")

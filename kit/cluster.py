@@ -5,9 +5,9 @@
     import horovod.torch as hvd; hvd.init()            # hvd.size() == 2, hvd.rank() == engine's rank
     cluster.stop()                                     # engines, controller, rendezvous server: all gone
 
-gloo: engines are plain processes; Horovod's own rendezvous server runs in this (the notebook's) process and
-each engine is told its slot (rank, local rank, ...) through HOROVOD_* variables, as `horovodrun --gloo` does.
-mpi:  engines are started by `mpiexec` (the venv's Open MPI from PyPI); Horovod takes ranks from MPI.
+How the engines are started (gloo: plain processes + Horovod's rendezvous server; mpi: mpiexec) lives in
+``kit.launchers``, one class per way; this module holds what every way shares: argument checks, the device plan
+(which GPU each engine sees), the slots, the engines' environment, the watch for dead engines and the clean-up.
 """
 from __future__ import annotations
 
@@ -16,79 +16,62 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass
 
+from . import engines, launchers  # noqa: F401 (kit.cluster.launchers)
+from . import env as kit_env
 from . import sysinfo
+from .launchers import (LAUNCHERS, LOCALHOST, ClusterError, Slot, assign_slots, gloo_env,  # noqa: F401
+                        launcher)
 
-BACKENDS = ("gloo", "mpi")
+BACKENDS = tuple(LAUNCHERS)
+DEVICES = ("auto", "cpu", "gpu")
 DEFAULT_TIMEOUT = 60.0
-LOCALHOST = "127.0.0.1"
-
-
-class ClusterError(RuntimeError):
-    """The cluster cannot start or a job on it failed; the message says what to do."""
 
 
 class RankDiedError(ClusterError):
     """An engine died while the job was running."""
 
 
-@dataclass(frozen=True)
-class Slot:
-    """Where one engine sits in the job (Horovod's vocabulary)."""
-    hostname: str
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-
-
-def assign_slots(hostnames: dict[int, str]) -> dict[int, Slot]:
-    """Map engine id -> Slot: ranks grouped by host (hosts in order of first engine id), as horovodrun does."""
-    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    order = [hostnames[e] for e in sorted(hostnames)]
-    hosts = list(dict.fromkeys(order))
-    plan = get_host_assignments(parse_hosts(",".join(f"{h}:{order.count(h)}" for h in hosts)), len(order))
-    slots = {}
-    for host in hosts:
-        engines = [e for e in sorted(hostnames) if hostnames[e] == host]
-        host_slots = sorted((s for s in plan if s.hostname == host), key=lambda s: s.local_rank)
-        for eid, s in zip(engines, host_slots):
-            slots[eid] = Slot(host, s.rank, s.size, s.local_rank, s.local_size, s.cross_rank, s.cross_size)
-    return slots
-
-
 def engine_env(slot: Slot, *, gpus: list[str], threads: int, timeout: float) -> dict[str, str]:
     """Return the environment one engine needs before it imports any framework."""
     env = {
         "KIT_RANK": slot.rank, "KIT_SIZE": slot.size, "KIT_LOCAL_RANK": slot.local_rank,
-        "KIT_LOCAL_SIZE": slot.local_size, "KIT_TIMEOUT": int(timeout),
-        "TF_USE_LEGACY_KERAS": 1, "TF_CPP_MIN_LOG_LEVEL": 2, "PYTHONUNBUFFERED": 1,
+        "KIT_LOCAL_SIZE": slot.local_size, "KIT_TIMEOUT": int(timeout), "PYTHONUNBUFFERED": 1,
+        **kit_env.FRAMEWORK_ENV,
         # n engines share the cores: each framework gets cores / local_size intra-op threads.
         "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads,
-        # One GPU per process, chosen by local rank (set before any framework sees the devices).
+        # One GPU per process, chosen by local rank (set before any framework sees the devices): inside the
+        # engine that GPU is device 0. No GPUs in the plan: the engine sees none and runs on the CPU.
         "CUDA_VISIBLE_DEVICES": gpus[slot.local_rank % len(gpus)] if gpus else "",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": int(timeout),
     }
     return {k: str(v) for k, v in env.items()}
 
 
-def gloo_env(slot: Slot, *, addr: str, port: int, iface: str) -> dict[str, str]:
-    """Return what `horovodrun --gloo` gives each worker: the rendezvous address and the worker's slot."""
-    env = {
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
-        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
-        "HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": slot.rank, "HOROVOD_SIZE": slot.size,
-        "HOROVOD_LOCAL_RANK": slot.local_rank, "HOROVOD_LOCAL_SIZE": slot.local_size,
-        "HOROVOD_CROSS_RANK": slot.cross_rank, "HOROVOD_CROSS_SIZE": slot.cross_size,
-    }
-    if iface:  # Horovod's and torch.distributed's Gloo listen on this interface only
-        env.update(HOROVOD_GLOO_IFACE=iface, GLOO_SOCKET_IFNAME=iface)
-    return {k: str(v) for k, v in env.items()}
+def plan_devices(gpus: list[str], local_size: int, devices: str = "auto",
+                 share_gpus: bool = False) -> tuple[list[str], str]:
+    """Return (the GPU ids handed out by local rank, [] = CPU only; a one-line notice or "").
+
+    devices="cpu": no GPU for any engine (CPU work runs with any number of engines on a GPU host).
+    devices="gpu": one GPU per local rank; too few GPUs is an error unless share_gpus (engines then share them).
+    devices="auto": as "gpu" when there are enough GPUs (or share_gpus), else CPU with a notice.
+    """
+    if devices not in DEVICES:
+        raise ValueError(f"devices must be one of {', '.join(map(repr, DEVICES))}, got {devices!r}")
+    gpus = list(gpus)
+    enough = len(gpus) >= local_size or (gpus and share_gpus)
+    if devices == "cpu" or (devices == "auto" and not gpus):
+        return [], ""
+    if devices == "gpu" and not gpus:
+        raise ClusterError("devices='gpu' but no GPU is visible here: use devices='cpu' (or 'auto') for CPU work")
+    if enough:
+        return gpus, ""
+    if devices == "gpu":
+        raise ClusterError(f"{local_size} engines per host but only {len(gpus)} GPU(s) visible: start at most "
+                           f"{len(gpus)} engines, or pass share_gpus=True to put several engines on one GPU")
+    return [], (f"kit.cluster: {local_size} engines per host but {len(gpus)} GPU(s): the engines run on the CPU "
+                "(devices='gpu', share_gpus=True puts several engines on one GPU)")
 
 
 def parse_hosts(hosts: str, n: int, ip: str) -> dict[str, int]:
@@ -105,174 +88,32 @@ def parse_hosts(hosts: str, n: int, ip: str) -> dict[str, int]:
     return out
 
 
-def _find_mpiexec(mpiexec: str | None) -> str | None:
-    if mpiexec:
-        return mpiexec if os.access(mpiexec, os.X_OK) else None
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    return here if os.access(here, os.X_OK) else shutil.which("mpiexec")
-
-
-_MPI_BUILT: dict[str, bool] = {}
-
-
-def _horovod_has_mpi() -> bool:
-    if "torch" not in _MPI_BUILT:
-        _MPI_BUILT["torch"] = sysinfo.horovod_built()["torch.mpi"]
-    return _MPI_BUILT["torch"]
-
-
-def _check_args(n, backend, timeout, mpiexec):
+def _check_args(n, backend, timeout):
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a whole number of engines >= 1, got {n!r}: e.g. kit.cluster.start(n=2)")
-    if backend not in BACKENDS:
+    if backend not in LAUNCHERS:
         raise ValueError(f"unknown backend {backend!r}: use backend='gloo' (no MPI needed) or backend='mpi'")
     if not timeout or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if backend == "mpi":
-        if _find_mpiexec(mpiexec) is None:
-            raise ClusterError(f"backend='mpi' needs mpiexec ({mpiexec or 'none next to ' + sys.executable} "
-                               "and none on PATH): run `make lab` to install Open MPI into .venv, or use "
-                               "backend='gloo'")
-        try:
-            import mpi4py  # noqa: F401
-        except ImportError:
-            raise ClusterError("backend='mpi' needs mpi4py: `pip install mpi4py` (make lab does), "
-                               "or use backend='gloo'") from None
-        if not _horovod_has_mpi():
-            raise ClusterError("this Horovod was built without MPI: rebuild it with scripts/install_horovod.sh "
-                               "(HOROVOD_WITH_MPI=1, mpicc on PATH), or use backend='gloo'")
-
-
-def _gpu_plan(local_size: int, share_gpus: bool) -> list[str]:
-    gpus = sysinfo.visible_gpus()
-    if gpus and local_size > len(gpus) and not share_gpus:
-        raise ClusterError(f"{local_size} engines per host but only {len(gpus)} GPU(s) visible: start at most "
-                           f"{len(gpus)} engines, or pass share_gpus=True to put several engines on one GPU")
-    return gpus
-
-
-class _Rendezvous:
-    """Horovod's own Gloo rendezvous server (the one `horovodrun --gloo` runs), bound to one address."""
-
-    def __init__(self, addr: str):
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
-        # RendezvousServer.start() listens on every interface; build its HTTP server on `addr` instead.
-        self.httpd = RendezvousHTTPServer((addr, 0), RendezvousHandler, 0)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="kit-rendezvous")
-        self.thread.start()
-
-    def init(self, slots: list[Slot]):
-        from horovod.runner.common.util.hosts import SlotInfo
-        self.httpd.init([SlotInfo(s.hostname, s.rank, s.local_rank, s.cross_rank, s.size, s.local_size,
-                                  s.cross_size) for s in sorted(slots, key=lambda s: s.rank)])
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
-
-
-# ----------------------------------------------------------------------------------- run on the engines
-def _engine_identity():
-    import os
-    import socket
-    e = os.environ
-    mpi = {k: int(e[v]) for k, v in (("rank", "OMPI_COMM_WORLD_RANK"), ("local_rank", "OMPI_COMM_WORLD_LOCAL_RANK"),
-                                     ("local_size", "OMPI_COMM_WORLD_LOCAL_SIZE")) if v in e}
-    return {"host": socket.gethostname(), "pid": os.getpid(), "mpi": mpi}
-
-
-def _engine_setup(env):
-    import os
-    import sys
-    early = [m for m in ("torch", "tensorflow", "horovod") if m in sys.modules]
-    if early:
-        raise RuntimeError(f"{early} were imported before kit.cluster set this engine up")
-    os.environ.update(env)
-
-
-def _engine_check_horovod():
-    import horovod.torch as hvd
-    import torch
-    hvd.init()
-    total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="kit.cluster.check").item()
-    return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "sum": total}
-
-
-def _engine_free_address():
-    import socket
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return socket.gethostname(), s.getsockname()[1]
-
-
-def _engine_init_process_group(init_method, timeout):
-    import datetime
-    import os
-    import torch
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    rank, size = int(os.environ["KIT_RANK"]), int(os.environ["KIT_SIZE"])
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size,
-                            timeout=datetime.timedelta(seconds=timeout))
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    return {"rank": dist.get_rank(), "size": dist.get_world_size(), "sum": t.item()}
-
-
-# ----------------------------------------------------------------------------------- the notebook side
-def _descendants() -> dict[int, float]:
-    import psutil
-    out = {}
-    for p in psutil.Process().children(recursive=True):
-        try:
-            out[p.pid] = p.create_time()
-        except psutil.Error:
-            pass
-    return out
-
-
-def _reap(procs: dict[int, float], grace: float = 5.0):
-    """Terminate, then kill, every process in {pid: create_time} still alive (create_time guards pid reuse)."""
-    import psutil
-    alive = []
-    for pid, created in procs.items():
-        try:
-            p = psutil.Process(pid)
-            if abs(p.create_time() - created) < 1e-3:
-                alive.append(p)
-        except psutil.Error:
-            pass
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
 
 
 class Cluster:
     """N engines as one job. Use `kit.cluster.start(...)` to make one."""
 
-    def __init__(self, n=2, backend="gloo", *, timeout=DEFAULT_TIMEOUT, share_gpus=False, threads=None,
-                 mpiexec=None, hosts=None, ip=LOCALHOST, quiet=False):
-        _check_args(n, backend, timeout, mpiexec)
+    def __init__(self, n=2, backend="gloo", *, timeout=DEFAULT_TIMEOUT, devices="auto", share_gpus=False,
+                 threads=None, mpiexec=None, hosts=None, ip=LOCALHOST, quiet=False):
+        _check_args(n, backend, timeout)
         self.hosts = parse_hosts(hosts, n, ip) if hosts else None
-        if not self.hosts:
-            _gpu_plan(n, share_gpus)  # all n engines on this host: fail before starting anything
+        self.launcher = launcher(backend, hosts=self.hosts, ip=ip, mpiexec=mpiexec)
+        self.launcher.check()
+        if not self.hosts:  # all n engines on this host: fail before starting anything
+            plan_devices(sysinfo.visible_gpus(), n, devices, share_gpus)
         self.n, self.backend, self.timeout = n, backend, float(timeout)
-        self.share_gpus, self.threads, self.mpiexec, self.ip, self.quiet = share_gpus, threads, mpiexec, ip, quiet
+        self.devices, self.share_gpus, self.threads, self.ip, self.quiet = devices, share_gpus, threads, ip, quiet
         self.client = self.view = self.slots = None
+        self.gpus: list[str] = []        # the GPU ids handed out by local rank ([] = engines run on the CPU)
         self.dead: dict[int, str] = {}   # rank -> how it died (see poll_dead), first death first
-        self._ipp = self._rendezvous = self._profile = None
+        self._ipp = self._profile = None
         self._procs: dict[int, float] = {}
         self._pids: dict[int, int] = {}
         self._stop_w = None
@@ -298,28 +139,14 @@ class Cluster:
         if not self._stopped:
             return self
         self._stopped, self.dead, self._procs, self._pids = False, {}, {}, {}
-        self._before = _descendants()
+        self._before = engines.descendants()
         _LIVE.add(self)
         t0 = time.time()
         try:
             self._profile = tempfile.mkdtemp(prefix="kit-ipp-")
             self._ipp = ipp.Cluster(n=self.n, profile_dir=self._profile, controller_ip=self.ip,
                                     engine_timeout=int(max(60, self.timeout)), log_level=40, parent=None)
-            if self.backend == "mpi":
-                self._ipp.engine_launcher_class = "mpi"
-                cfg = self._ipp.config.MPIEngineSetLauncher
-                cfg.mpi_cmd = [_find_mpiexec(self.mpiexec)]
-                # More ranks than cores needs --oversubscribe (the env-var form failed intermittently here).
-                cfg.mpi_args = ["--oversubscribe"]
-                # Open MPI refuses to run as root without these; set for the processes we start only.
-                cfg.environment = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-                if self.hosts:
-                    cfg.mpi_args += ["-H", ",".join(f"{h}:{k}" for h, k in self.hosts.items())]
-                else:  # one host: MPI's own traffic stays on loopback too
-                    cfg.environment.update(OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
-            elif self.hosts:
-                self._ipp.engine_launcher_class = "ssh"
-                self._ipp.config.SSHEngineSetLauncher.engines = dict(self.hosts)
+            self.launcher.configure(self._ipp)
             self._ipp.start_cluster_sync(n=self.n)
             self.client = self._ipp.connect_client_sync()
             self.client.wait_for_engines(self.n, timeout=max(60, self.timeout), interactive=False)
@@ -359,10 +186,8 @@ class Cluster:
             except Exception:
                 pass
         # stop_cluster_sync() can return before every engine has exited (or leave mpiexec's children): reap.
-        _reap(procs)
-        if self._rendezvous is not None:
-            self._rendezvous.stop()
-            self._rendezvous = None
+        engines.reap(procs)
+        self.launcher.stop()
         if self._profile:
             shutil.rmtree(self._profile, ignore_errors=True)
         self.client = self.view = None
@@ -380,9 +205,9 @@ class Cluster:
             path = os.path.join(self._profile, f"torch-dist-{time.time_ns()}")
             init_method = f"file://{path}"
         else:  # the TCP store listens on rank 0's host
-            host, port = self.client[self.engine_of(0)].apply_sync(_engine_free_address)
+            host, port = self.client[self.engine_of(0)].apply_sync(engines.engine_free_address)
             init_method = f"tcp://{host}:{port}"
-        res = self.view.apply_async(_engine_init_process_group, init_method, self.timeout)
+        res = self.view.apply_async(engines.engine_init_process_group, init_method, self.timeout)
         out = self.wait(res)
         ranks = {eid: r["rank"] for eid, r in zip(self.view.targets, out)}
         bad = [r for r in out if r["size"] != self.n or r["sum"] != self.n]
@@ -428,32 +253,21 @@ class Cluster:
     # -- internals
     def _setup_engines(self):
         ids = sorted(self.client.ids)
-        info = dict(zip(ids, self.client[ids].apply_sync(_engine_identity)))
-        if self.backend == "mpi":
-            ids = sorted(ids, key=lambda e: info[e]["mpi"]["rank"])
+        info = dict(zip(ids, self.client[ids].apply_sync(engines.engine_identity)))
+        ids = self.launcher.rank_order(info)
         self.slots = assign_slots({e: info[e]["host"] for e in ids})
-        if self.backend == "mpi":
-            for e in ids:
-                if self.slots[e].rank != info[e]["mpi"]["rank"]:
-                    raise ClusterError(f"mpiexec placed ranks in an unexpected order: {info}")
+        self.launcher.check_slots(self.slots, info)
         self._pids = {self.slots[e].rank: info[e]["pid"] for e in sorted(ids, key=lambda e: self.slots[e].rank)}
         local_size = max(s.local_size for s in self.slots.values())
-        gpus = _gpu_plan(local_size, self.share_gpus)
-        self._gpus = gpus
-        self._threads = self.threads or max(1, sysinfo.cpu_cores() // local_size)
-        envs = {e: engine_env(s, gpus=gpus, threads=self._threads, timeout=self.timeout)
+        self.gpus, notice = plan_devices(sysinfo.visible_gpus(), local_size, self.devices, self.share_gpus)
+        if notice and not self.quiet:
+            print(notice)
+        self._threads = self.threads or max(1, kit_env.cpu_cores() // local_size)
+        envs = {e: engine_env(s, gpus=self.gpus, threads=self._threads, timeout=self.timeout)
                 for e, s in self.slots.items()}
-        if self.backend == "gloo":
-            multi_host = len({s.hostname for s in self.slots.values()}) > 1
-            self._rendezvous = _Rendezvous(self.ip)
-            self._rendezvous.init(list(self.slots.values()))
-            for e, s in self.slots.items():
-                envs[e].update(gloo_env(s, addr=self.ip, port=self._rendezvous.port,
-                                        iface=os.environ.get("HOROVOD_GLOO_IFACE", "") if multi_host else "lo"))
-        else:
-            for e in envs:
-                envs[e].update({"HOROVOD_CONTROLLER": "mpi", "HOROVOD_CPU_OPERATIONS": "mpi"})
-        pending = [self.client[e].apply_async(_engine_setup, envs[e]) for e in ids]
+        for e, extra in self.launcher.job_env(self.slots).items():
+            envs[e].update(extra)
+        pending = [self.client[e].apply_async(engines.engine_setup, envs[e]) for e in ids]
         for p in pending:
             p.get(timeout=self.timeout)
         self.view = self.client[[self.engine_of(r) for r in range(self.n)]]
@@ -463,7 +277,7 @@ class Cluster:
             _install_ipython_hook()
 
     def _check_horovod(self):
-        out = self.wait(self.view.apply_async(_engine_check_horovod), timeout=max(120, 2 * self.timeout))
+        out = self.wait(self.view.apply_async(engines.engine_check_horovod), timeout=max(120, 2 * self.timeout))
         for eid, r in zip(self.view.targets, out):
             want = self.slots[eid]
             if r["size"] != self.n or r["rank"] != want.rank or r["sum"] != self.n:
@@ -471,41 +285,13 @@ class Cluster:
                                    f"(allreduce of ones = {r['sum']}), expected rank {want.rank} of {self.n}")
 
     def _watch_engines(self):
-        """Note each engine's death the moment it happens (pidfd), so the first to die is named first."""
-        if not hasattr(os, "pidfd_open"):
-            return  # not Linux: poll_dead() still finds the dead, without their order
-        import select
-        fds, poller = {}, select.poll()
-        for rank, pid in self._pids.items():
-            try:
-                fd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            fds[fd] = rank
-            poller.register(fd, select.POLLIN)
-        stop_r, self._stop_w = os.pipe()
-        poller.register(stop_r, select.POLLIN)
-
-        def watch():
-            try:
-                while fds:
-                    ready = [fd for fd, _ in poller.poll()]
-                    if stop_r in ready:
-                        return
-                    for fd in ready:
-                        rank = fds.pop(fd)
-                        poller.unregister(fd)
-                        self.dead.setdefault(rank, f"engine {self.engine_of(rank)} (pid {self._pids[rank]}) exited")
-            finally:
-                for fd in [*fds, stop_r]:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
-        threading.Thread(target=watch, daemon=True, name="kit-engine-watch").start()
+        """Note each engine's death the moment it happens, so the first to die is named first."""
+        def died(rank):
+            self.dead.setdefault(rank, f"engine {self.engine_of(rank)} (pid {self._pids[rank]}) exited")
+        self._stop_w = engines.watch_deaths(self._pids, died)
 
     def _new_processes(self) -> dict[int, float]:
-        return {p: c for p, c in _descendants().items() if p not in self._before}
+        return {p: c for p, c in engines.descendants().items() if p not in self._before}
 
     def _died_error(self) -> RankDiedError:
         (first, why), *rest = self.dead.items()
@@ -514,7 +300,8 @@ class Cluster:
                              "fresh one (no kernel restart needed).")
 
     def _summary(self, seconds):
-        where = f"GPUs {','.join(self._gpus)}" if self._gpus else "CPU only (no GPU found)"
+        where = f"GPUs {','.join(self.gpus)}" if self.gpus else \
+            "CPU only" + ("" if sysinfo.visible_gpus() else " (no GPU found)")
         same = all(e == s.rank for e, s in self.slots.items())
         return (f"kit.cluster: {self.n} engines as one {self.backend} job of size {self.n} "
                 f"({'engine id = rank' if same else 'see cluster.rank_of(eid)'}), {where}, "
@@ -555,9 +342,11 @@ def _stop_all():
 def start(n: int = 2, backend: str = "gloo", **kwargs) -> Cluster:
     """Start n engines as one Horovod job; return the Cluster (also usable as a context manager).
 
-    kwargs: timeout (s, default 60: how long a collective waits for a dead peer), share_gpus (allow more
-    engines than GPUs), threads (framework threads per engine; default cores // engines per host),
-    mpiexec (path), hosts ("server1:4,server2:4": engines over MPI -H or ipyparallel SSH engines),
+    kwargs: timeout (s, default 60: how long a collective waits for a dead peer), devices ("auto": one GPU
+    per engine when there are enough, else CPU with a notice; "cpu"; "gpu": one GPU per local rank, an error
+    when too few), share_gpus (let several engines share a GPU), threads (framework threads per engine;
+    default cores // engines per host), mpiexec (path), hosts ("server1:4,server2:4": engines over MPI -H
+    or ipyparallel SSH engines),
     ip (the address servers bind; default 127.0.0.1, needed otherwise with hosts), quiet.
     """
     return Cluster(n, backend, **kwargs).start()

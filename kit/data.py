@@ -9,8 +9,8 @@ Two kinds of cost, and they behave differently on a machine with few cores:
   decode faster than 2 cores can, and they compete with the training step for those cores.
 - I/O latency (`io_ms`, a sleep standing in for a disk or network read) needs no core; W workers overlap W
   reads, so it parallelises past the core count.
-The same pipeline is also built for Keras 3 (`keras_dataset`, a `keras.utils.PyDataset`) and tf.data
-(`tf_dataset`). `bench(out_dir, quick)` is `python -m kit.bench loading`.
+The same pipeline for Keras 3 (a `keras.utils.PyDataset`) and tf.data is in `kit.data_tf`. Notebook 01 and
+`python -m kit.bench loading` run the same experiment, `sweep_experiment`, with their settings as arguments.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import io
 import re
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,8 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from . import monitor
+from . import monitor, plots_data
+from .plots_data import plot_kinds, plot_sweep, plot_timelines  # noqa: F401  (notebook 01 calls data.plot_*)
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG"}
 
@@ -103,6 +103,14 @@ def load_sample(store: ImageStore, i: int, io_ms: float = 0.0, seed: int = 0, ou
     """Return (image float32 (1, out, out), label) for sample i; its augmentation depends only on (seed, i)."""
     rng = np.random.default_rng((seed, i))
     return augment(decode(read(store, i, io_ms)), rng, out), int(store.labels[i])
+
+
+def checked_sample(store: ImageStore, i: int, io_ms: float = 0.0, seed: int = 0):
+    """load_sample, raising SampleError naming the index if it fails."""
+    try:
+        return load_sample(store, i, io_ms, seed)
+    except Exception as e:
+        raise SampleError(f"sample {i} failed to load: {type(e).__name__}: {e}") from e
 
 
 # --- PyTorch -----------------------------------------------------------------------------------------------
@@ -216,99 +224,6 @@ def measure(loader, step, steps: int = 40, warmup: int = 3) -> monitor.Monitor:
     return mon
 
 
-# --- Keras 3 -------------------------------------------------------------------------------------------------
-@lru_cache(maxsize=None)
-def _keras_class():
-    import keras
-
-    class KerasImages(keras.utils.PyDataset):
-        """The pipeline as a Keras 3 PyDataset: batch b = samples [b*B, (b+1)*B) in a per-epoch shuffled order."""
-
-        def __init__(self, store, batch_size, io_ms=0.0, seed=0, **kwargs):
-            super().__init__(**kwargs)                # workers=, use_multiprocessing=, max_queue_size=
-            self.store, self.batch_size, self.io_ms, self.seed = store, batch_size, io_ms, seed
-            self.order = np.random.default_rng(seed).permutation(len(store))
-
-        def __len__(self):
-            return len(self.store) // self.batch_size
-
-        def __getitem__(self, b):
-            idx = self.order[b * self.batch_size:(b + 1) * self.batch_size]
-            xs, ys = zip(*(checked_sample(self.store, int(i), self.io_ms, self.seed) for i in idx))
-            return np.stack(xs), np.array(ys, np.int64)
-    return KerasImages
-
-
-def checked_sample(store: ImageStore, i: int, io_ms: float = 0.0, seed: int = 0):
-    """load_sample, raising SampleError naming the index if it fails."""
-    try:
-        return load_sample(store, i, io_ms, seed)
-    except Exception as e:
-        raise SampleError(f"sample {i} failed to load: {type(e).__name__}: {e}") from e
-
-
-def keras_dataset(store: ImageStore, batch_size: int = 64, io_ms: float = 0.0, workers: int = 1,
-                  use_multiprocessing: bool = False, max_queue_size: int = 10, seed: int = 0):
-    """Return the pipeline as keras.utils.PyDataset(workers=, use_multiprocessing=, max_queue_size=)."""
-    if not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"Keras workers must be an integer >= 1 (1 without multiprocessing loads in the "
-                         f"training loop), got {workers!r}")
-    return _keras_class()(store, batch_size, io_ms, seed, workers=workers,
-                          use_multiprocessing=use_multiprocessing, max_queue_size=max_queue_size)
-
-
-def keras_model():
-    """Return the same CNN as make_model() in Keras 3, compiled with SGD."""
-    import keras
-    from keras import layers
-    model = keras.Sequential([keras.Input((1, 28, 28)), layers.Permute((2, 3, 1)),
-                              layers.Conv2D(32, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
-                              layers.Conv2D(64, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
-                              layers.Flatten(), layers.Dense(128, activation="relu"), layers.Dense(10)])
-    model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
-
-
-def measure_keras(model, dataset, steps: int = 40, warmup: int = 3) -> monitor.Monitor:
-    """Fit `model` for `steps` steps on a PyDataset inside a Monitor (wait = the gap between batches)."""
-    with monitor.Monitor(warmup=warmup, nvml=False) as mon:
-        model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[mon.keras_callback()])
-    for s in mon.steps:
-        s.samples = dataset.batch_size
-    return mon
-
-
-# --- tf.data -------------------------------------------------------------------------------------------------
-def tf_dataset(store: ImageStore, batch_size: int = 64, io_ms: float = 0.0, parallel=None,
-               prefetch: bool = True, seed: int = 0):
-    """Return the pipeline as tf.data: map(load, num_parallel_calls=parallel) -> batch -> prefetch(AUTOTUNE)."""
-    import tensorflow as tf
-    calls = tf.data.AUTOTUNE if parallel == "autotune" else parallel
-
-    def load(i):
-        return checked_sample(store, int(i), io_ms, seed)
-
-    def tf_load(i):
-        x, y = tf.numpy_function(load, [i], (tf.float32, tf.int64), stateful=False)
-        return tf.ensure_shape(x, (1, 28, 28)), tf.ensure_shape(y, ())
-
-    ds = tf.data.Dataset.range(len(store)).shuffle(len(store), seed=seed)
-    ds = ds.map(tf_load, num_parallel_calls=calls, **({"deterministic": True} if calls else {}))
-    ds = ds.batch(batch_size, drop_remainder=True)
-    options = tf.data.Options()
-    options.experimental_optimization.map_parallelization = False   # keep `parallel=None` really sequential
-    options.experimental_optimization.inject_prefetch = False       # and add no prefetch we did not ask for
-    ds = ds.with_options(options)
-    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
-
-
-def tf_batches(ds):
-    """Yield a tf.data dataset's batches as torch tensors (the same training step consumes every loader)."""
-    for x, y in ds.as_numpy_iterator():
-        yield torch.from_numpy(np.array(x)), torch.from_numpy(np.array(y))
-
-
 # --- the model of step time, fitted to a W=0 run ----------------------------------------------------------
 def fit_model(mon0: monitor.Monitor, mon_many: monitor.Monitor | None = None, cores: int | None = None) -> dict:
     """Fit the model's numbers from a num_workers=0 run and (optionally) a run with many workers."""
@@ -356,88 +271,60 @@ def table(mons: dict, fit: dict | None = None) -> list[dict]:
     return rows
 
 
-# --- plots ---------------------------------------------------------------------------------------------------
-def plot_sweep(rows: list[dict], title: str = "", axes=None):
-    """Plot throughput and busy fraction vs workers, and predicted vs measured step time if present."""
-    import matplotlib.pyplot as plt
-    n = 3 if "predicted_ms" in rows[0] else 2
-    axes = axes if axes is not None else plt.subplots(1, n, figsize=(4.2 * n, 3.2))[1]
-    w = [r["workers"] for r in rows]
-    axes[0].plot(w, [r["samples_per_s"] for r in rows], "o-")
-    axes[0].set(xlabel="workers", ylabel="samples/s", title=f"{title} throughput".strip())
-    axes[1].plot(w, [100 * r["busy"] for r in rows], "o-", color="tab:green")
-    axes[1].axhline(85, ls=":", color="gray")
-    axes[1].set(xlabel="workers", ylabel="busy %", ylim=(0, 105), title="accelerator busy")
-    if n == 3:
-        axes[2].plot(w, [r["step_ms"] for r in rows], "o", label="measured")
-        axes[2].plot(w, [r["predicted_ms"] for r in rows], "x--", label="max(t_load/W_eff, t_compute)")
-        axes[2].set(xlabel="workers", ylabel="ms per step", ylim=(0, None), title="model vs measurement")
-        axes[2].legend(fontsize=7)
-    plt.tight_layout()
-    return axes
-
-
-def plot_timelines(mons: dict, labels: dict | None = None, seconds: float | None = None):
-    """Draw one timeline per run, stacked, on a shared time axis (first `seconds` of each)."""
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(mons), 1, figsize=(10, 2.0 * len(mons)), sharex=True, squeeze=False)
-    for ax, (k, mon) in zip(axes[:, 0], mons.items()):
-        mon.plot(ax=ax, label=(labels or {}).get(k, f"num_workers={k}"))
-        if seconds:
-            ax.set_xlim(mon.steps[0].start, mon.steps[0].start + seconds)
-    plt.tight_layout()
-    return fig
-
-
-# --- the benchmark -------------------------------------------------------------------------------------------
+# --- the experiment of notebook 01 and `python -m kit.bench loading` -----------------------------------------
 DEFAULT = {"size": 28, "fmt": "png", "io_ms": 0.6, "batch_size": 64}   # notebook 01 explains the mix
+
+
+def setup(steps: int = 30, size: int = DEFAULT["size"], fmt: str = DEFAULT["fmt"], io_ms: float = DEFAULT["io_ms"],
+          batch_size: int = DEFAULT["batch_size"], torch_threads: int = 1, seed: int = 0, verbose: bool = False):
+    """Return (store, dataset, step) for a sweep of `steps` steps: the stored images, the pipeline, one SGD step.
+
+    torch_threads: threads the training step may use (the "accelerator"; the other cores can load).
+    """
+    torch.set_num_threads(torch_threads)
+    torch.manual_seed(seed)
+    store = make_store(steps * batch_size + 512, size, fmt, verbose=verbose)
+    return store, ImageDataset(store, io_ms), make_step(make_model())
+
+
+def sweep_experiment(dataset, step, workers=(0, 1, 2, 4), steps: int = 30, batch_size: int = DEFAULT["batch_size"],
+                     rounds: int = 2) -> dict:
+    """Sweep num_workers, fit the step-time model to W=0 and the largest W, tabulate; return all of it.
+
+    Returns {"mons": {W: merged Monitor}, "fit": fit_model's numbers, "rows": table(...), "best": the busiest row,
+    "speedup": its samples/s over W=0's, "worst_model_error": the model's largest error over the sweep}.
+    """
+    if 0 not in workers:
+        raise ValueError(f"workers must include 0 (the model is fitted to loading in the training loop), got {workers}")
+    mons = sweep(dataset, step, workers, steps, batch_size, rounds)
+    fit = fit_model(mons[0], mons[max(workers)])
+    rows = table(mons, fit)
+    best = max(rows, key=lambda r: r["busy"])
+    zero = next(r for r in rows if r["workers"] == 0)
+    return {"mons": mons, "fit": fit, "rows": rows, "best": best, "at_0": zero,
+            "speedup": best["samples_per_s"] / zero["samples_per_s"],
+            "worst_model_error": max(r["model_error"] for r in rows)}
 
 
 def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     """Sweep num_workers on the default demo; write loading.png and loading_timeline.png; return (result, summary)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    torch.set_num_threads(1)                            # the "accelerator": one core trains, the rest can load
-    torch.manual_seed(0)
-    steps, rounds = (20, 1) if quick else (30, 3)
-    workers = (0, 1, 2, 3, 4) if quick else (0, 1, 2, 3, 4, 6)
-    store = make_store(steps * DEFAULT["batch_size"] + 256, DEFAULT["size"], DEFAULT["fmt"])
-    step = make_step(make_model())
-    mons = sweep(ImageDataset(store, DEFAULT["io_ms"]), step, workers, steps, DEFAULT["batch_size"], rounds)
-    fit = fit_model(mons[0], mons[workers[-1]])
-    rows = table(mons, fit)
-    plot_sweep(rows, "default demo")
-    plt.savefig(out_dir / "loading.png", dpi=110)
-    best = max(rows, key=lambda r: r["busy"])
-    plot_timelines({0: mons[0].runs[0], best["workers"]: mons[best["workers"]].runs[0]}, seconds=1.0)
-    plt.savefig(out_dir / "loading_timeline.png", dpi=110)
-    plt.close("all")
-    worst = max(r["model_error"] for r in rows)
-    speedup = best["samples_per_s"] / rows[0]["samples_per_s"]
-    summary = (f"loading: busy {100 * rows[0]['busy']:.0f}% at num_workers=0, best {100 * best['busy']:.0f}% at "
-               f"num_workers={best['workers']} ({speedup:.1f}x samples/s); model max(t_load/W_eff, t_compute) "
-               f"within {100 * worst:.0f}% of measured step time (worst over W={workers[0]}..{workers[-1]})")
-    result = {"settings": {**DEFAULT, "steps": steps, "rounds": rounds, "torch_threads": 1}, "fit": fit,
-              "sweep": rows,
-              "busy_at_0": rows[0]["busy"], "best_busy": best["busy"], "best_workers": best["workers"],
-              "worst_model_error": worst}
+    steps, rounds = (12, 1) if quick else (30, 3)
+    workers = (0, 1, 2) if quick else (0, 1, 2, 3, 4, 6)
+    store, dataset, step = setup(steps)
+    res = sweep_experiment(dataset, step, workers, steps, DEFAULT["batch_size"], rounds)
+    rows, best, mons = res["rows"], res["best"], res["mons"]
+    fig, axes = plots_data.figure(3, figsize=(12.6, 3.2))
+    plot_sweep(rows, ax=axes[0], title="default demo")
+    fig.tight_layout()
+    fig.savefig(out_dir / "loading.png", dpi=110)
+    fig, axes = plots_data.figure(1, 2, figsize=(10, 4.0), sharex=True)
+    plot_timelines({0: mons[0].runs[0], best["workers"]: mons[best["workers"]].runs[0]}, ax=axes[:, 0], seconds=1.0)
+    fig.savefig(out_dir / "loading_timeline.png", dpi=110)
+    summary = (f"loading: busy {100 * res['at_0']['busy']:.0f}% at num_workers=0, best {100 * best['busy']:.0f}% at "
+               f"num_workers={best['workers']} ({res['speedup']:.1f}x samples/s); model max(t_load/W_eff, t_compute) "
+               f"within {100 * res['worst_model_error']:.0f}% of measured step time (worst over "
+               f"W={workers[0]}..{workers[-1]})")
+    result = {"settings": {**DEFAULT, "steps": steps, "rounds": rounds, "torch_threads": 1}, "fit": res["fit"],
+              "sweep": rows, "busy_at_0": res["at_0"]["busy"], "best_busy": best["busy"],
+              "best_workers": best["workers"], "worst_model_error": res["worst_model_error"]}
     return result, summary
-
-
-def plot_kinds(rows_by_name: dict):
-    """Plot throughput (measured dots, model dashes) and busy % vs workers for several pipelines."""
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
-    for name, rows in rows_by_name.items():
-        w = [r["workers"] for r in rows]
-        line, = axes[0].plot(w, [r["samples_per_s"] for r in rows], "o-", label=f"{name} (measured)")
-        if "predicted_ms" in rows[0]:
-            model = [r["samples_per_s"] * r["step_ms"] / r["predicted_ms"] for r in rows]
-            axes[0].plot(w, model, "x--", color=line.get_color(), label=f"{name} (model)")
-        axes[1].plot(w, [100 * r["busy"] for r in rows], "o-", color=line.get_color(), label=name)
-    axes[0].set(xlabel="num_workers", ylabel="samples/s", title="throughput", ylim=(0, None))
-    axes[1].set(xlabel="num_workers", ylabel="busy %", title="accelerator busy", ylim=(0, 105))
-    axes[0].legend(fontsize=7)
-    plt.tight_layout()
-    return axes

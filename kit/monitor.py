@@ -1,4 +1,4 @@
-"""Is the accelerator starving? Per-step wait/compute intervals, NVML samples, and a loader profiler (notebook 01).
+"""Is the accelerator starving? Per-step wait/compute intervals, NVML samples and the step-time model (notebook 01).
 
     with kit.monitor.Monitor() as mon:
         for x, y in mon.watch(loader, steps=50):   # time spent in next(loader) is "wait"
@@ -18,26 +18,19 @@ the wait for a batch a worker already has ready (receiving it from another proce
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from .env import cpu_cores  # noqa: F401  (kit.env is its home; notebook 01 calls monitor.cpu_cores())
+
 
 class NoNVMLWarning(UserWarning):
     """No NVIDIA driver/NVML here: the monitor records the CPU-side wait/compute trace only."""
-
-
-def cpu_cores() -> int:
-    """Return the number of cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 @lru_cache(maxsize=None)
@@ -96,8 +89,9 @@ class Monitor:
     """Record per-step wait/compute intervals (and NVML samples on NVIDIA GPUs) inside a `with` block."""
 
     def __init__(self, warmup: int = 3, sample_s: float = 0.05, gpu: int = 0, nvml: bool = True,
-                 sync=None):
+                 sync=None, clock=time.perf_counter, cpu_clock=time.process_time):
         self.warmup, self.sample_s, self.gpu, self.sync = warmup, sample_s, gpu, sync
+        self.clock, self.cpu_clock = clock, cpu_clock        # wall and CPU seconds (tests inject their own)
         self.use_nvml = nvml
         self.steps: list[Step] = []
         self.samples: list[tuple[float, float, float]] = []   # (t, GPU util %, memory GiB) from NVML
@@ -141,29 +135,30 @@ class Monitor:
     def watch(self, iterable, steps: int | None = None):
         """Yield batches from `iterable`, timing the wait for each and the compute until the next request."""
         if self.t0 is None:
-            self.t0 = time.perf_counter()
+            self.t0 = self.clock()
         it = iter(iterable)
         try:
             for _ in (range(steps) if steps is not None else iter(int, 1)):
-                start, start_cpu = time.perf_counter(), time.process_time()
+                start, start_cpu = self.clock(), self.cpu_clock()
                 try:
                     batch = next(it)
                 except StopIteration:
                     return
-                ready, ready_cpu = time.perf_counter(), time.process_time()
+                ready, ready_cpu = self.clock(), self.cpu_clock()
                 yield batch
                 if self.sync is not None:
                     self.sync()                      # GPU: wait for queued kernels, else compute looks free
-                end = time.perf_counter()
+                end = self.clock()
                 self.steps.append(Step(start - self.t0, ready - self.t0, end - self.t0, batch_len(batch),
-                                       ready_cpu - start_cpu, time.process_time() - ready_cpu))
+                                       ready_cpu - start_cpu, self.cpu_clock() - ready_cpu))
         finally:
             close_loader_iterator(it)
 
-    def record(self, wait_s: float, compute_s: float, samples: int = 1):
-        """Append one step of known wait and compute durations (synthetic loops, other frameworks)."""
+    def record(self, wait_s: float, compute_s: float, samples: int = 1, wait_cpu: float = 0.0,
+               compute_cpu: float = 0.0):
+        """Append one step of known wait and compute durations (recorded runs, other frameworks, tests)."""
         start = self.steps[-1].end if self.steps else 0.0
-        self.steps.append(Step(start, start + wait_s, start + wait_s + compute_s, samples))
+        self.steps.append(Step(start, start + wait_s, start + wait_s + compute_s, samples, wait_cpu, compute_cpu))
 
     def keras_callback(self):
         """Return a Keras callback that records each batch: wait = gap before it, compute = the batch itself."""
@@ -224,21 +219,9 @@ class Monitor:
         return edges[:-1] + window / 2, 100 * busy / window
 
     def plot(self, ax=None, label: str = "", window: float = 0.05):
-        """Draw the timeline: compute (green) and wait (red) intervals, and utilization per window."""
-        import matplotlib.pyplot as plt
-        ax = ax or plt.subplots(figsize=(10, 2.2))[1]
-        ax.broken_barh([(s.ready, s.compute) for s in self.steps], (0, 8), color="tab:green")
-        ax.broken_barh([(s.start, s.wait) for s in self.steps], (0, 8), color="tab:red")
-        t, u = self.utilization(window)
-        ax.plot(t, u, color="black", lw=1, label=f"busy % per {window * 1e3:.0f} ms")
-        if self.samples:
-            ts, us, _ = zip(*self.samples)
-            ax.plot(ts, us, color="tab:purple", lw=1, label="NVML GPU utilization %")
-        st = self.stats()
-        ax.set(ylim=(0, 108), ylabel="%", xlabel="time (s)",
-               title=f"{label}  busy {100 * st['busy']:.0f}%, mean wait {1e3 * st['wait']:.1f} ms")
-        ax.legend(loc="lower right", fontsize=7)
-        return ax
+        """Draw the timeline (kit.plots_data.plot_monitor): compute green, wait red, busy % per window."""
+        from .plots_data import plot_monitor
+        return plot_monitor(self, ax=ax, label=label, window=window)
 
 
 def merge(mons: list) -> "Monitor":
@@ -293,104 +276,3 @@ def predict_busy(workers: int, t_load: float, t_compute: float, **kwargs) -> flo
     alone = kwargs.get("t_compute_alone")
     compute = alone if workers == 0 and alone is not None else t_compute
     return compute / predict_step(workers, t_load, t_compute, **kwargs)
-
-
-# --- profile my loader -------------------------------------------------------------------------------------
-@dataclass
-class LoaderProfile:
-    """What profile_loader measured and what it recommends."""
-    workers: int
-    stall: float
-    t_load: float
-    t_load_cpu: float
-    t_compute: float
-    c_compute: float
-    cores: int
-    recommended_workers: int
-    step_now: float
-    step_predicted: float
-    predicted: dict = field(default_factory=dict)
-
-    @property
-    def speedup(self) -> float:
-        return self.step_now / self.step_predicted
-
-    @property
-    def cpu_bound(self) -> bool:
-        return effective_workers(10**6, self.t_load, self.t_load_cpu, self.c_compute, self.cores) * \
-            self.t_compute < self.t_load
-
-    def __str__(self):
-        io = 1 - self.t_load_cpu / self.t_load if self.t_load > 0 else 0.0
-        lines = [f"loader with {self.workers} workers: the step waits {100 * self.stall:.0f}% of the time",
-                 f"t_load {1e3 * self.t_load:.1f} ms/batch ({100 * io:.0f}% of it waiting on I/O), "
-                 f"t_compute {1e3 * self.t_compute:.1f} ms/step, {self.cores} cores",
-                 f"recommended: num_workers={self.recommended_workers} -> predicted "
-                 f"{1e3 * self.step_predicted:.1f} ms/step, {self.speedup:.2f}x faster than now"]
-        if self.cpu_bound:
-            lines.append("CPU-bound: more workers cannot keep up on these cores; make each sample cheaper "
-                         "(cache decoded data, smaller images, lighter augmentation) or add cores")
-        return "\n".join(lines)
-
-
-def recommend_workers(t_load: float, t_compute: float, t_load_cpu: float, c_compute: float,
-                      cores: int | None = None, max_workers: int = 32) -> int:
-    """Return the fewest workers whose predicted step is within 2% of the best any count can reach."""
-    steps = {w: predict_step(w, t_load, t_compute, t_load_cpu, c_compute, cores) for w in range(max_workers + 1)}
-    best = min(steps.values())
-    return min(w for w, s in steps.items() if s <= 1.02 * best)
-
-
-def serial_load_times(loader, batches: int = 5) -> tuple[float, float]:
-    """Return (wall, CPU) seconds per batch when `loader` loads in this process (W=0)."""
-    it = iter(loader)
-    try:
-        next(it)                                        # the first batch pays for start-up
-        wall, cpu = time.perf_counter(), time.process_time()
-        n = 0
-        for _ in range(batches):
-            try:
-                next(it)
-            except StopIteration:
-                break
-            n += 1
-        if n == 0:
-            raise ValueError("the loader has too few batches to time; give it at least two")
-        return (time.perf_counter() - wall) / n, (time.process_time() - cpu) / n
-    finally:
-        close_loader_iterator(it)
-
-
-def profile_loader(loader, step_fn, steps: int = 50, warmup: int = 3, cores: int | None = None,
-                   max_workers: int = 32) -> LoaderProfile:
-    """Run `step_fn(batch)` on `steps` batches; report the stall, t_load, t_compute and how many workers to use."""
-    if steps < warmup + 2:
-        raise ValueError(f"steps must be at least warmup + 2 = {warmup + 2}, got {steps}")
-    workers = int(getattr(loader, "num_workers", 0) or 0)
-    cores = cores or cpu_cores()
-    with Monitor(warmup=warmup, nvml=False) as mon:
-        for batch in mon.watch(loader, steps=steps):
-            step_fn(batch)
-    st = mon.stats()
-    if workers > 0:                                     # the wait is what is left over, not the load time
-        t_load, t_load_cpu = serial_load_times(serial_copy(loader))
-    else:
-        t_load, t_load_cpu = st["wait"], st["wait_cpu"]
-    t_load_cpu = min(t_load_cpu, t_load)
-    c_compute = min(st["compute_cpu"], st["compute"]) if st["compute_cpu"] > 0 else st["compute"]
-    w = recommend_workers(t_load, st["compute"], t_load_cpu, c_compute, cores, max_workers)
-    predicted = {k: predict_step(k, t_load, st["compute"], t_load_cpu, c_compute, cores)
-                 for k in range(min(max_workers, 8) + 1)}
-    return LoaderProfile(workers, 1 - st["busy"], t_load, t_load_cpu, st["compute"], c_compute, cores, w,
-                         st["step"], predict_step(w, t_load, st["compute"], t_load_cpu, c_compute, cores),
-                         predicted)
-
-
-def serial_copy(loader):
-    """Return a copy of a torch DataLoader that loads in the main process (num_workers=0)."""
-    from torch.utils.data import DataLoader
-    if not isinstance(loader, DataLoader):
-        raise TypeError("a loader with num_workers > 0 must be a torch DataLoader to be re-timed serially")
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=loader.sampler,
-                      collate_fn=loader.collate_fn, drop_last=loader.drop_last, num_workers=0)
-

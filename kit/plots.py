@@ -234,3 +234,8 @@ def plot_fusion(fusion: dict, count: int, ax=None):
     ax.set(yscale="log", ylabel="ms (log)", title=f"{count} small tensors: one by one vs fused")
     ax.legend()
     return ax
+
+
+# --- data, monitor, mnist: drawn in kit/plots_data.py (kept apart only for its size), one import point here ----
+from .plots_data import (plot_accuracy, plot_history, plot_kinds, plot_monitor, plot_sweep,  # noqa: E402,F401
+                         plot_throughput, plot_timeline, plot_timelines)

@@ -6,25 +6,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-
-def cpu_cores() -> int:
-    """Return the number of cores this process may run on (affinity-aware)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
-
-
-def pin_threads(cores) -> set[int]:
-    """Pin every thread of this process (and the threads they start later) to `cores`; return the calling thread's
-    previous affinity, so that `pin_threads(previous)` undoes it. Linux only."""
-    before = os.sched_getaffinity(0)
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), set(cores))
-        except OSError:                         # a thread that just exited
-            pass
-    return before
+from .env import FRAMEWORK_ENV, cpu_cores, pin_threads  # noqa: F401  (kit.env is their home; notebook 00 uses these)
 
 
 def gpus() -> list[dict]:
@@ -79,7 +61,7 @@ print(json.dumps({f"{fw}.{what}": bool(getattr(m, what + "_built")())
 def horovod_built() -> dict[str, bool]:
     """Return which Horovod controllers/ops are built, per framework (probed in a subprocess, ~5 s)."""
     import json
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    env = {**os.environ, **FRAMEWORK_ENV, "TF_CPP_MIN_LOG_LEVEL": "3"}
     out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=300)
     if out.returncode != 0:
         raise RuntimeError(f"could not import Horovod: {out.stderr.strip().splitlines()[-1:]}; run `make lab` "

@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # find `kit` when run from a checkout
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")                 # Horovod's Keras is tf-keras (Keras 2)
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import kit  # noqa: E402  (sets TF_USE_LEGACY_KERAS=1 before TensorFlow: Horovod's Keras is tf-keras, Keras 2)
 
 
 def parse_args(argv=None):
@@ -38,9 +37,9 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from kit import mnist
+    from kit import env, mnist
     if args.pin:
-        mnist.pin_to_core(mnist.local_rank_from_env())   # before TF starts its thread pools
+        env.pin_to_core()                                 # by the launcher's local rank, before TF starts threads
     if args.threads:
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
     if args.inter_op_threads:

@@ -1,12 +1,10 @@
 """Shared fixtures: every test that starts processes must leave none behind."""
-import os
 import time
 
 import psutil
 import pytest
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import kit  # noqa: F401  (sets the framework environment, TF_USE_LEGACY_KERAS=1, before any test imports TF)
 
 
 def descendants() -> set[int]:
@@ -36,3 +34,10 @@ def no_leaks():
         except psutil.Error:
             pass
     assert not names, "processes left running:\n" + "\n".join(names)
+
+
+def pytest_collection_modifyitems(items):
+    """Notebook cells (nbval) get the cell timeout `make test` gives nbval (900 s), not the per-test default."""
+    for item in items:
+        if type(item).__name__ == "IPyNbCell" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(900))

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 import kit.cluster as kc
+import kit.env
 from conftest import descendants
 
 
@@ -69,16 +70,88 @@ def test_mpi_without_mpiexec_says_what_to_do(no_leaks):
 
 
 def test_mpi_with_horovod_built_without_mpi_says_what_to_do(no_leaks, monkeypatch):
-    monkeypatch.setattr(kc, "_horovod_has_mpi", lambda: False)
+    monkeypatch.setattr(kc.launchers, "horovod_has_mpi", lambda: False)
     with pytest.raises(kc.ClusterError, match="built without MPI.*install_horovod.sh"):
         kc.start(2, "mpi")
 
 
-def test_more_engines_than_gpus_needs_opt_in(no_leaks, monkeypatch):
+# ------------------------------------------------------------------ device policy (a GPU list, no GPU needed)
+GPUS = {0: [], 1: ["0"], 2: ["0", "1"], 4: ["0", "1", "2", "3"]}
+
+
+@pytest.mark.parametrize("g", sorted(GPUS))
+@pytest.mark.parametrize("engines", [1, 2, 4, 5])
+def test_cpu_work_runs_with_any_number_of_engines_on_any_host(g, engines):
+    assert kc.plan_devices(GPUS[g], engines, "cpu") == ([], "")
+    gpus, notice = kc.plan_devices(GPUS[g], engines, "auto")
+    if 0 < g < engines:                     # too few GPUs: CPU, and a one-line notice says so and what to do
+        assert gpus == [] and "\n" not in notice and f"{engines} engines per host but {g} GPU(s)" in notice
+        assert "share_gpus=True" in notice
+    else:                                   # enough GPUs: one each; no GPU at all: CPU, nothing to say
+        assert gpus == GPUS[g] and notice == ""
+
+
+@pytest.mark.parametrize("g", sorted(GPUS))
+@pytest.mark.parametrize("engines", [1, 2, 4, 5])
+def test_gpu_work_gets_one_gpu_per_local_rank_or_a_clear_error(g, engines):
+    if g == 0:
+        with pytest.raises(kc.ClusterError, match="no GPU is visible.*devices='cpu'"):
+            kc.plan_devices(GPUS[g], engines, "gpu", share_gpus=True)
+    elif engines > g:
+        with pytest.raises(kc.ClusterError, match=f"{engines} engines per host but only {g} GPU.*share_gpus=True"):
+            kc.plan_devices(GPUS[g], engines, "gpu")
+        assert kc.plan_devices(GPUS[g], engines, "gpu", share_gpus=True) == (GPUS[g], "")
+    else:
+        gpus, _ = kc.plan_devices(GPUS[g], engines, "gpu")
+        slots = kc.assign_slots({e: "h" for e in range(engines)})
+        seen = [kc.engine_env(slots[e], gpus=gpus, threads=1, timeout=30)["CUDA_VISIBLE_DEVICES"]
+                for e in range(engines)]
+        assert seen == GPUS[g][:engines]    # a different GPU for each local rank
+
+
+def test_shared_gpus_are_dealt_round_robin():
+    slots = kc.assign_slots({e: "h" for e in range(5)})
+    gpus, _ = kc.plan_devices(["0", "1"], 5, "gpu", share_gpus=True)
+    assert [kc.engine_env(slots[e], gpus=gpus, threads=1, timeout=30)["CUDA_VISIBLE_DEVICES"]
+            for e in range(5)] == ["0", "1", "0", "1", "0"]
+
+
+def test_bad_devices_value_says_what_is_allowed():
+    with pytest.raises(ValueError, match="devices must be one of 'auto', 'cpu', 'gpu'"):
+        kc.plan_devices([], 2, "cuda")
+
+
+def test_start_refuses_gpu_work_on_too_few_gpus_before_starting_anything(no_leaks, monkeypatch):
     monkeypatch.setattr(kc.sysinfo, "visible_gpus", lambda: ["0"])
+    before = descendants()
     with pytest.raises(kc.ClusterError, match="2 engines per host but only 1 GPU.*share_gpus=True"):
-        kc.start(2, "gloo")
-    assert kc._gpu_plan(2, share_gpus=True) == ["0"]
+        kc.start(2, "gloo", devices="gpu")
+    assert descendants() == before
+
+
+# ------------------------------------------------------------------ launchers: one class per way, one dispatch
+def test_a_new_launcher_is_one_entry_in_LAUNCHERS(no_leaks, monkeypatch):
+    class Refuses(kc.launchers.Launcher):
+        name = "refuses"
+
+        def check(self):
+            raise kc.ClusterError("the refuses launcher cannot run here")
+    monkeypatch.setitem(kc.LAUNCHERS, "refuses", Refuses)
+    with pytest.raises(kc.ClusterError, match="refuses launcher cannot run"):
+        kc.start(2, "refuses")
+    assert isinstance(kc.launcher("gloo"), kc.launchers.GlooLauncher)
+    assert isinstance(kc.launcher("mpi"), kc.launchers.MPILauncher)
+
+
+def test_mpi_launcher_orders_engines_by_mpi_rank_and_checks_the_slots():
+    mpi = kc.launcher("mpi")
+    swapped = {0: {"host": "h", "mpi": {"rank": 1}}, 1: {"host": "h", "mpi": {"rank": 0}}}
+    assert mpi.rank_order(swapped) == [1, 0]
+    slots = kc.assign_slots({0: "h", 1: "h"})
+    mpi.check_slots(slots, {0: {"mpi": {"rank": 0}}, 1: {"mpi": {"rank": 1}}})   # Horovod rank == MPI rank
+    with pytest.raises(kc.ClusterError, match="unexpected order"):
+        mpi.check_slots(slots, swapped)     # the slots would give Horovod ranks other than MPI's
+    kc.launcher("gloo").check_slots(slots, swapped)   # Gloo: the kit gives the ranks, nothing to disagree with
 
 
 # ------------------------------------------------------------------ real jobs
@@ -115,6 +188,7 @@ def _threads():
     return os.environ["OMP_NUM_THREADS"], os.environ["CUDA_VISIBLE_DEVICES"]
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 @pytest.mark.parametrize("n", [2, 4])
 def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leaks, backend, n):
@@ -127,10 +201,12 @@ def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leak
         assert c.view.apply_sync(_hvd_keras) == want
         assert c.init_process_group() == {r: r for r in range(n)}
         assert c.view.apply_sync(_torch_dist) == want
-        threads = str(max(1, kc.sysinfo.cpu_cores() // n))
-        assert c.view.apply_sync(_threads) == [(threads, "")] * n   # no GPU here: CPU, cores split evenly
+        threads = str(max(1, kit.env.cpu_cores() // n))             # cores split evenly between the engines
+        cuda = [c.gpus[r % len(c.gpus)] if c.gpus else "" for r in range(n)]   # the device plan, whatever the host
+        assert c.view.apply_sync(_threads) == list(zip([threads] * n, cuda))
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 def test_servers_listen_on_loopback_only(no_leaks):
     with kc.start(2, "gloo", quiet=True) as c:
         c.init_process_group()
@@ -150,6 +226,7 @@ def _allreduce_forever():
         i += 1
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backend):
     timeout = 20
@@ -169,12 +246,14 @@ def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backe
         c.stop()
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 def test_exception_inside_with_block_stops_everything(no_leaks):
     with pytest.raises(ZeroDivisionError):
         with kc.start(2, "gloo", quiet=True):
             1 / 0
 
 
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 def test_kernel_exit_without_stop_leaves_nothing_running(tmp_path):
     script = textwrap.dedent("""
         import kit.cluster

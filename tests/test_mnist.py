@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -121,17 +122,20 @@ def check_trained(out: str, json_path: Path, epochs: int):
     return result
 
 
+@pytest.mark.timeout(900)   # horovodrun/mpirun jobs: minutes on a busy 2-core machine
 def test_script_under_horovodrun_gloo(tmp_path, no_leaks):
     out = run(horovodrun(*TINY, "--epochs", "3", "--json", str(tmp_path / "r.json")))
     assert "training on 2 worker(s), 256 images each" in out
     check_trained(out, tmp_path / "r.json", 3)
 
 
+@pytest.mark.timeout(900)   # horovodrun/mpirun jobs: minutes on a busy 2-core machine
 def test_script_under_mpirun(tmp_path, no_leaks):
     out = run(mpirun(*TINY, "--epochs", "2", "--json", str(tmp_path / "r.json")))
     check_trained(out, tmp_path / "r.json", 2)
 
 
+@pytest.mark.timeout(900)   # horovodrun/mpirun jobs: minutes on a busy 2-core machine
 def test_killed_run_resumes_from_last_checkpoint_and_skips_a_corrupt_one(tmp_path, no_leaks):
     ckpt, total = tmp_path / "ckpt", 40
     # 1. Start a long run and kill the whole job once rank 0 has written two checkpoints.
@@ -157,3 +161,98 @@ def test_killed_run_resumes_from_last_checkpoint_and_skips_a_corrupt_one(tmp_pat
     out = run(horovodrun(*TINY, "--epochs", str(last + 3), "--checkpoint-dir", str(ckpt)))
     assert "WARNING: ignoring corrupt checkpoint" in out and f"resumed from epoch {last + 1}" in out
     assert re.search(rf"epoch +{last + 2}/{last + 3}", out) and "replicas identical: True" in out
+
+
+# ----------------------------------------------------------------------------------- GPU pinning (notebook 04)
+NOTEBOOK = REPO / "notebooks" / "04_horovod_keras_mnist.ipynb"
+
+
+def code_cell(marker: str) -> str:
+    """Return the code of notebook 04's one code cell that contains `marker`."""
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    found = [c for c in cells if marker in c]
+    assert len(found) == 1, f"expected one cell with {marker!r}, found {len(found)}"
+    return found[0]
+
+
+def px_cell(marker: str) -> str:
+    """Return the code of notebook 04's %%px cell that contains `marker`, as the engines run it."""
+    return code_cell(marker).removeprefix("%%px\n")
+
+
+def fake_hvd(rank, local_rank):
+    return types.SimpleNamespace(rank=lambda: rank, size=lambda: 2, local_rank=lambda: local_rank, init=lambda: None)
+
+
+@pytest.mark.parametrize("local_rank", [0, 1, 3])
+def test_keras_gpu_pinning_cell_uses_the_engines_one_visible_gpu(local_rank, monkeypatch):
+    """Under kit.cluster each engine sees one GPU (CUDA_VISIBLE_DEVICES): the cell must pick it on every rank."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", str(local_rank))
+    calls = []
+    config = types.SimpleNamespace(
+        list_physical_devices=lambda kind: ["/physical_device:GPU:0"] if kind == "GPU" else [],
+        set_visible_devices=lambda dev, kind: calls.append(("visible", dev, kind)),
+        experimental=types.SimpleNamespace(set_memory_growth=lambda dev, on: calls.append(("growth", dev, on))),
+        threading=types.SimpleNamespace(set_inter_op_parallelism_threads=lambda n: calls.append(("inter", n))))
+    pinned = []
+    fake_mnist = types.SimpleNamespace(pin_to_core=lambda lr: pinned.append(lr) or 0)
+    exec(px_cell("set_visible_devices"), {"tf": types.SimpleNamespace(config=config),
+                                          "hvd": fake_hvd(local_rank, local_rank), "mnist": fake_mnist})
+    assert calls == [("growth", "/physical_device:GPU:0", True), ("visible", "/physical_device:GPU:0", "GPU")]
+    assert pinned == []                                      # a GPU process is not pinned to a core
+
+
+def test_keras_gpu_pinning_cell_without_gpu_pins_a_core(monkeypatch, capsys):
+    config = types.SimpleNamespace(list_physical_devices=lambda kind: [],
+                                   threading=types.SimpleNamespace(set_inter_op_parallelism_threads=lambda n: None))
+    pinned = []
+    fake_mnist = types.SimpleNamespace(pin_to_core=lambda lr: pinned.append(lr) or 5)
+    exec(px_cell("set_visible_devices"), {"tf": types.SimpleNamespace(config=config), "hvd": fake_hvd(1, 1),
+                                          "mnist": fake_mnist})
+    assert pinned == [1] and "rank 1 pinned to core 5" in capsys.readouterr().out
+
+
+def test_torch_gpu_pinning_cell_sets_device_0_on_every_rank(monkeypatch):
+    """The PyTorch section calls torch.cuda.set_device on the engine's one visible GPU (device 0)."""
+    set_to = []
+    fake_torch = types.ModuleType("torch")
+    fake_torch.cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,
+                                            set_device=lambda i: set_to.append(i))
+    fake_torch.device = lambda name: f"device({name})"
+    fake_hvd_torch = types.ModuleType("horovod.torch")
+    fake_hvd_torch.__dict__.update(vars(fake_hvd(1, 1)))
+    fake_horovod = types.ModuleType("horovod")
+    fake_horovod.torch = fake_hvd_torch
+    for name, mod in (("torch", fake_torch), ("horovod", fake_horovod), ("horovod.torch", fake_hvd_torch)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    ns = {}
+    exec(px_cell("torch.cuda.set_device"), ns)
+    assert set_to == [0] and ns["device"] == "device(cuda)"
+    assert fake_torch.cuda.device_count() > max(set_to)     # a valid index with one visible GPU
+
+
+# ----------------------------------------------------------------------------------- one experiment, two callers
+def test_paired_runs_pairs_one_and_many_and_takes_medians():
+    thr = iter([100.0, 180.0, 110.0, 160.0, 90.0, 200.0])
+    res = mnist.paired_runs(lambda: {"samples_per_s": next(thr), "cores_busy": [1.0]},
+                            lambda: {"samples_per_s": next(thr), "cores_busy": [1.0, 1.0]}, repeats=3, n=2)
+    assert [(r["thr_1"], r["thr_n"]) for r in res["runs"]] == [(100, 180), (110, 160), (90, 200)]
+    assert res["median_thr_1"] == 100 and res["median_thr_n"] == 180
+    assert res["speedup"] == pytest.approx(1.8) and res["efficiency"] == pytest.approx(0.9)   # median of ratios
+
+
+def test_notebook_04_measures_with_the_benchmarks_function():
+    assert "mnist.paired_runs(" in code_cell("mnist.engine_throughput")
+
+
+@pytest.mark.timeout(900)
+def test_bench_mnist_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
+    from kit import bench
+    summary = bench.run("mnist", tmp_path, quick=True)
+    doc = json.loads((tmp_path / "mnist.json").read_text())
+    assert summary.startswith("mnist: digits test accuracy") and doc["summary"] == summary
+    assert set(doc["throughput"]) == {"pinned", "pinned_mpi"}          # quick: one pair per launcher
+    assert all(t["runs"][0]["thr_1"] > 0 and t["runs"][0]["thr_n"] > 0 for t in doc["throughput"].values())
+    assert doc["replicas_identical"] is True
+    assert (tmp_path / "mnist.png").stat().st_size > 0 and (tmp_path / "mnist_timeline.png").stat().st_size > 0
+    assert not (tmp_path / "mnist_timeline.json").exists()

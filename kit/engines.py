@@ -1,0 +1,140 @@
+"""The engines as processes: what runs on them at start-up, and how the notebook watches and reaps them.
+
+Used by ``kit.cluster``: the functions named ``engine_*`` are sent to the engines (by reference to this module);
+the rest runs in the notebook's process.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+
+# ----------------------------------------------------------------------------------- run on the engines
+def engine_identity():
+    """Return this engine's host, pid and (under mpiexec) its MPI rank, local rank and local size."""
+    import os
+    import socket
+    e = os.environ
+    mpi = {k: int(e[v]) for k, v in (("rank", "OMPI_COMM_WORLD_RANK"), ("local_rank", "OMPI_COMM_WORLD_LOCAL_RANK"),
+                                     ("local_size", "OMPI_COMM_WORLD_LOCAL_SIZE")) if v in e}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "mpi": mpi}
+
+
+def engine_setup(env):
+    """Set the job's environment on this engine; refuse if a framework was imported before."""
+    import os
+    import sys
+    early = [m for m in ("torch", "tensorflow", "horovod") if m in sys.modules]
+    if early:
+        raise RuntimeError(f"{early} were imported before kit.cluster set this engine up")
+    os.environ.update(env)
+
+
+def engine_check_horovod():
+    """Initialise Horovod here and allreduce a one: every rank must see size n and sum n."""
+    import horovod.torch as hvd
+    import torch
+    hvd.init()
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="kit.cluster.check").item()
+    return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "sum": total}
+
+
+def engine_free_address():
+    """Return this host's name and a free TCP port (for torch.distributed's store on rank 0)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return socket.gethostname(), s.getsockname()[1]
+
+
+def engine_init_process_group(init_method, timeout):
+    """Join the torch.distributed (gloo) group with this engine's kit rank; allreduce a one to check it."""
+    import datetime
+    import os
+    import torch
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    rank, size = int(os.environ["KIT_RANK"]), int(os.environ["KIT_SIZE"])
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout))
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "size": dist.get_world_size(), "sum": t.item()}
+
+
+# ----------------------------------------------------------------------------------- the notebook side
+def descendants() -> dict[int, float]:
+    """Return {pid: create time} of every process below this one."""
+    import psutil
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[p.pid] = p.create_time()
+        except psutil.Error:
+            pass
+    return out
+
+
+def reap(procs: dict[int, float], grace: float = 5.0):
+    """Terminate, then kill, every process in {pid: create_time} still alive (create_time guards pid reuse)."""
+    import psutil
+    alive = []
+    for pid, created in procs.items():
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) < 1e-3:
+                alive.append(p)
+        except psutil.Error:
+            pass
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def watch_deaths(pids: dict[int, int], on_death) -> int | None:
+    """Call on_death(rank) the moment each process in {rank: pid} exits (pidfd; first death first).
+
+    Return the write end of a pipe: write a byte to it to end the watch (then close it). None where the OS has no
+    pidfd (not Linux); the cluster then finds the dead by polling, without their order.
+    """
+    if not hasattr(os, "pidfd_open"):
+        return None
+    import select
+    fds, poller = {}, select.poll()
+    for rank, pid in pids.items():
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        fds[fd] = rank
+        poller.register(fd, select.POLLIN)
+    stop_r, stop_w = os.pipe()
+    poller.register(stop_r, select.POLLIN)
+
+    def watch():
+        try:
+            while fds:
+                ready = [fd for fd, _ in poller.poll()]
+                if stop_r in ready:
+                    return
+                for fd in ready:
+                    poller.unregister(fd)
+                    on_death(fds.pop(fd))
+        finally:
+            for fd in [*fds, stop_r]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+    threading.Thread(target=watch, daemon=True, name="kit-engine-watch").start()
+    return stop_w

@@ -1,0 +1,155 @@
+"""Figures of notebooks 01 and 04, re-exported by ``kit.plots``; one style: ``plot_x(data, ax=None) -> ax``.
+
+Each function draws on `ax` when given (one Axes, or a sequence of Axes for the multi-panel figures), else on a new
+pyplot figure; it returns what it drew on and never switches matplotlib's backend. Benchmarks pass Axes of a
+``matplotlib.figure.Figure`` (no pyplot), so they leave a notebook's plotting state alone.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+
+# --- data, monitor, mnist ---------------------------------------------------------------------------------
+def _axes(ax, n: int, figsize, **kw):
+    """Return (axes, created): `ax` as given, or n new Axes on a new pyplot figure."""
+    if ax is not None:
+        return ax, False
+    import matplotlib.pyplot as plt
+    axes = plt.subplots(1, n, figsize=figsize, **kw)[1] if n > 1 else plt.subplots(figsize=figsize, **kw)[1]
+    return axes, True
+
+
+def figure(cols: int = 1, rows: int = 1, figsize=(10, 3.2), **kw):
+    """Return (fig, axes) of a matplotlib Figure made without pyplot (for benchmarks: fig.savefig, no backend)."""
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(rows, cols, squeeze=False, **kw)
+
+
+def plot_monitor(mon, ax=None, label: str = "", window: float = 0.05):
+    """Draw a Monitor's timeline: compute (green) and wait (red) intervals, busy % per window, NVML if any."""
+    ax, _ = _axes(ax, 1, (10, 2.2))
+    ax.broken_barh([(s.ready, s.compute) for s in mon.steps], (0, 8), color="tab:green")
+    ax.broken_barh([(s.start, s.wait) for s in mon.steps], (0, 8), color="tab:red")
+    t, u = mon.utilization(window)
+    ax.plot(t, u, color="black", lw=1, label=f"busy % per {window * 1e3:.0f} ms")
+    if mon.samples:
+        ts, us, _ = zip(*mon.samples)
+        ax.plot(ts, us, color="tab:purple", lw=1, label="NVML GPU utilization %")
+    st = mon.stats()
+    ax.set(ylim=(0, 108), ylabel="%", xlabel="time (s)",
+           title=f"{label}  busy {100 * st['busy']:.0f}%, mean wait {1e3 * st['wait']:.1f} ms")
+    ax.legend(loc="lower right", fontsize=7)
+    return ax
+
+
+def plot_sweep(rows: list[dict], ax=None, title: str = ""):
+    """Plot throughput and busy % vs workers, and predicted vs measured step time if present (2 or 3 Axes)."""
+    n = 3 if "predicted_ms" in rows[0] else 2
+    axes, created = _axes(ax, n, (4.2 * n, 3.2))
+    w = [r["workers"] for r in rows]
+    axes[0].plot(w, [r["samples_per_s"] for r in rows], "o-")
+    axes[0].set(xlabel="workers", ylabel="samples/s", title=f"{title} throughput".strip())
+    axes[1].plot(w, [100 * r["busy"] for r in rows], "o-", color="tab:green")
+    axes[1].axhline(85, ls=":", color="gray")
+    axes[1].set(xlabel="workers", ylabel="busy %", ylim=(0, 105), title="accelerator busy")
+    if n == 3:
+        axes[2].plot(w, [r["step_ms"] for r in rows], "o", label="measured")
+        axes[2].plot(w, [r["predicted_ms"] for r in rows], "x--", label="max(t_load/W_eff, t_compute)")
+        axes[2].set(xlabel="workers", ylabel="ms per step", ylim=(0, None), title="model vs measurement")
+        axes[2].legend(fontsize=7)
+    if created:
+        axes[0].figure.tight_layout()
+    return axes
+
+
+def plot_timelines(mons: dict, ax=None, labels: dict | None = None, seconds: float | None = None):
+    """Draw one Monitor timeline per run, stacked on a shared time axis (first `seconds` of each); one Axes each."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+        ax = plt.subplots(len(mons), 1, figsize=(10, 2.0 * len(mons)), sharex=True, squeeze=False)[1][:, 0]
+    for a, (k, mon) in zip(ax, mons.items()):
+        plot_monitor(mon, ax=a, label=(labels or {}).get(k, f"num_workers={k}"))
+        if seconds:
+            a.set_xlim(mon.steps[0].start, mon.steps[0].start + seconds)
+    ax[0].figure.tight_layout()
+    return ax
+
+
+def plot_kinds(rows_by_name: dict, ax=None):
+    """Plot throughput (measured dots, model dashes) and busy % vs workers for several pipelines (2 Axes)."""
+    axes, created = _axes(ax, 2, (10, 3.4))
+    for name, rows in rows_by_name.items():
+        w = [r["workers"] for r in rows]
+        line, = axes[0].plot(w, [r["samples_per_s"] for r in rows], "o-", label=f"{name} (measured)")
+        if "predicted_ms" in rows[0]:
+            model = [r["samples_per_s"] * r["step_ms"] / r["predicted_ms"] for r in rows]
+            axes[0].plot(w, model, "x--", color=line.get_color(), label=f"{name} (model)")
+        axes[1].plot(w, [100 * r["busy"] for r in rows], "o-", color=line.get_color(), label=name)
+    axes[0].set(xlabel="num_workers", ylabel="samples/s", title="throughput", ylim=(0, None))
+    axes[1].set(xlabel="num_workers", ylabel="busy %", title="accelerator busy", ylim=(0, 105))
+    axes[0].legend(fontsize=7)
+    if created:
+        axes[0].figure.tight_layout()
+    return axes
+
+
+def plot_history(history: list[dict], ax=None, title: str = ""):
+    """Plot loss and accuracy (train and test) per epoch (2 Axes)."""
+    axes, created = _axes(ax, 2, (10, 3.2))
+    epochs = [h["epoch"] for h in history]
+    for a, name in zip(axes, ("loss", "accuracy")):
+        a.plot(epochs, [h[name] for h in history], "o-", label="train")
+        a.plot(epochs, [h[f"val_{name}"] for h in history], "s--", label="test")
+        a.set(xlabel="epoch", ylabel=name)
+        a.legend()
+    axes[0].figure.suptitle(title)
+    if created:
+        axes[0].figure.tight_layout()
+    return axes
+
+
+def plot_throughput(runs: dict[str, list[float]], ax=None):
+    """Plot samples/s per repeat for each setting (e.g. {'1 worker': [...], '2 workers': [...]}), bar = median."""
+    ax, _ = _axes(ax, 1, (6, 3.2))
+    for i, (name, values) in enumerate(runs.items()):
+        ax.scatter([i] * len(values), values, alpha=0.7)
+        ax.hlines(np.median(values), i - 0.25, i + 0.25, color="k")
+    ax.set_xticks(range(len(runs)), list(runs))
+    ax.set_ylabel("samples/s (whole job)")
+    ax.set_ylim(0, None)
+    ax.set_title("throughput per run (bar = median)")
+    return ax
+
+
+def plot_accuracy(histories: dict[str, list[dict]], ax=None, dataset: str = ""):
+    """Plot test accuracy per epoch for several runs (e.g. {'2 workers': history, '1 process': history})."""
+    ax, _ = _axes(ax, 1, (6, 3.2))
+    for name, h in histories.items():
+        ax.plot([r["epoch"] for r in h], [r["val_accuracy"] for r in h], "o-", label=name)
+    ax.set(xlabel="epoch", ylabel=f"test accuracy ({dataset})".replace(" ()", ""))
+    ax.legend()
+    return ax
+
+
+def plot_timeline(intervals: list[dict], ax=None, start: float = 0.0, seconds: float | None = None):
+    """Draw a Horovod timeline's allreduce phases per gradient tensor as a Gantt chart (colour = phase)."""
+    from matplotlib import colormaps
+    end = start + seconds if seconds else float("inf")
+    rows = [r for r in intervals if r["end"] >= start and r["start"] <= end and r["tensor"].startswith("grad")]
+    tensors = sorted({r["tensor"] for r in rows}, key=lambda t: [int(d) for d in re.findall(r"\d+", t)] or [0])
+    phases = sorted({r["phase"] for r in rows}, key=lambda p: (p.startswith("NEGOTIATE") is False, p))
+    colours = dict(zip(phases, colormaps["tab10"].colors))
+    ax, _ = _axes(ax, 1, (10, 0.35 * len(tensors) + 1.5))
+    for r in rows:
+        y, h = tensors.index(r["tensor"]), 0.8 if r["depth"] == 0 else 0.4
+        ax.broken_barh([(1e3 * r["start"], 1e3 * (r["end"] - r["start"]))], (y - h / 2, h),
+                       color=colours[r["phase"]], label=r["phase"])
+    handles = {h.get_label(): h for h in ax.collections}
+    ax.legend(handles.values(), handles.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_yticks(range(len(tensors)), tensors)
+    ax.set_xlabel("time (ms)")
+    ax.set_title("Horovod timeline: allreduce phases per gradient tensor (rank 0's view)")
+    return ax
