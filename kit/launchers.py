@@ -161,10 +161,8 @@ def horovod_has_mpi() -> bool:
 
 
 # Open MPI settings for the engines the kit starts (and for mpirun in kit.mnist), nowhere else.
-MPI_ENV = {
-    # Open MPI refuses to run as root without these.
-    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-}
+# Open MPI refuses to run as root without these; a plain user gets none of them.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
 
 
 class MPILauncher(Launcher):
