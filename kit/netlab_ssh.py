@@ -13,6 +13,9 @@ import subprocess
 import sys
 import time
 
+from .env import FRAMEWORK_ENV
+from .launchers import MPI_ENV
+
 SSHD_PACKAGE = "openssh-server"
 SSHD_PATHS = ("/usr/sbin/sshd", "/sbin/sshd")      # not on a normal user's PATH
 
@@ -115,8 +118,7 @@ LAUNCH_VARS = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "KIT_DATA_DIR")
 def launch_env(lab, **extra) -> dict[str, str]:
     """Return the variables a launcher on a lab host needs: the lab's ssh and the venv first on PATH, a lab HOME."""
     env = {"PATH": f"{lab.dir}/bin:{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-           "HOME": f"{lab.dir}/home", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+           "HOME": f"{lab.dir}/home", **MPI_ENV, **FRAMEWORK_ENV, "PYTHONUNBUFFERED": "1"}
     env.update({k: os.environ[k] for k in LAUNCH_VARS if k in os.environ})
     env.update({k: str(v) for k, v in extra.items()})
     return env
