@@ -6,8 +6,10 @@
 #
 #   sudo bash scripts/ci_fresh_user.sh           # ~20 min the first time on 2 cores, most of it downloads
 #
-# Only the user's pip cache is kept between runs (in $KIT_CI_CACHE, default /var/cache/kit-ci), so a second run
-# does not download PyTorch's ~3 GB again; Horovod is built afresh every time (its cache is not kept), because
+# Cost: the user's pip downloads ~3.5 GB (PyTorch's CPU index is unreachable here, so PyPI's CUDA torch; see
+# README "Which PyTorch"), then Horovod is built (3-5 min on 2 cores, more under load): ~20 min in all. Only the
+# user's pip cache is kept between runs (in $KIT_CI_CACHE, default /var/cache/kit-ci); this machine's index
+# sends no cache headers, so pip caches little and each run downloads again. Horovod's wheel cache is not kept:
 # building it is what a fresh machine does. Everything else (user, home, processes) is removed at the end.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,8 +40,11 @@ grep -q '^setup_env: PyTorch: ' "/tmp/$user-setup.log" \
   || { echo "ci_fresh_user: FAIL: make setup did not say which PyTorch it chose" >&2; exit 1; }
 rm -f "/tmp/$user-setup.log"
 as_user 'du -sh ~/kit/.venv ~/.cache/pip 2>/dev/null | sed "s|$HOME|~|"'
+# Notebook 00, and one gloo and one mpi job of 2 engines with the cluster's unit tests (the 4-engine, kill and
+# kernel-exit cases run in root's `make test`; here what matters is that a plain user's engines start at all).
 as_user 'cd ~/kit && .venv/bin/python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env \
-         notebooks/00_environment.ipynb tests/test_cluster.py'
+         notebooks/00_environment.ipynb tests/test_cluster.py \
+         -k "not killed and not kernel_exit and not 4-gloo and not 4-mpi"'
 
 # make lab as that user: it must start and answer on 127.0.0.1, then stop with nothing left
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
