@@ -33,13 +33,78 @@ def test_dockerfile_pins_agree_with_pyproject():
 
 
 def test_one_install_script_everywhere():
-    for f in ("environment.yml", "Dockerfile.gpu", "scripts/setup_env.sh"):
+    for f in ("environment.yml", "scripts/setup_env.sh"):
         assert "scripts/install_horovod.sh" in (ROOT / f).read_text(), f
+    assert "RUN make setup" in (ROOT / "Dockerfile.gpu").read_text()      # which runs setup_env.sh
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in (ROOT / "Dockerfile.gpu").read_text()
-    assert (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text().count("\n--- a/") == 5
+    assert (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text().count("\n--- a/") == 6
 
 
 def test_ci_runs_what_the_readme_says():
     ci = (ROOT / ".ci/run").read_text()
     readme = (ROOT / "README.md").read_text()
     assert "make test" in ci and "make test" in readme and "make lab" in readme
+
+
+# --- install anywhere (issue 16) and the GPU image (issue 14) ------------------------------------------------
+import os
+import subprocess
+
+
+def stamp(**env) -> str:
+    """The set-up stamp scripts/setup_env.sh would write for this environment (nothing is installed)."""
+    out = subprocess.run(["bash", "scripts/setup_env.sh", "--print-stamp"], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, **env}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_stamp_records_the_torch_build_and_the_gpu_operations():
+    """A set-up with other choices is not 'up to date': make never keeps a CPU Horovod where NCCL was asked."""
+    cases = [dict(TORCH=t, HOROVOD_GPU_OPERATIONS=g) for t in ("cpu", "cuda") for g in ("", "NCCL")]
+    stamps = [stamp(**c) for c in cases]
+    assert len(set(stamps)) == len(cases), dict(zip(map(str, cases), stamps))
+    assert stamp(**cases[3]) == stamps[3]                     # and it is deterministic
+
+
+def test_a_bad_torch_choice_is_a_clear_error():
+    out = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "TORCH": "rocm", "VENV": "/nonexistent/venv"}, timeout=60)
+    assert out.returncode != 0 and "TORCH must be auto, cpu or cuda" in out.stderr
+
+
+def test_horovod_cache_key_records_gpu_ops_frameworks_and_torch_ops():
+    script = (ROOT / "scripts/install_horovod.sh").read_text()
+    key = next(line for line in script.splitlines() if line.startswith("key="))
+    for part in ("$gpu_ops", "$torch_ops", "$tf_v", "$torch_v", "$patch_sum"):
+        assert part in key, part
+    assert "KIT_HOROVOD_TORCH_CUDA=0" in script                            # CUDA torch, no GPU: CPU ops
+    assert 'STREQUAL "0"' in (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text()
+
+
+def test_docker_image_records_its_setup_and_ignores_host_state():
+    docker = (ROOT / "Dockerfile.gpu").read_text()
+    env_lines = " ".join(line for line in docker.splitlines() if line.startswith(("ENV", "    ")))
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in env_lines and "TORCH=cuda" in env_lines   # image-wide, not one RUN
+    assert "RUN make setup" in docker            # the stamp is written by the same set-up `make lab` checks
+    assert "install_horovod.sh" in (ROOT / "scripts/setup_env.sh").read_text()
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".venv/", ".git/"} <= set(ignored)
+    assert "make test-gpu" in docker and "test-gpu:" in (ROOT / "Makefile").read_text()
+
+
+def test_ci_runs_the_fresh_user_check():
+    ci = (ROOT / ".ci/run").read_text()
+    assert "scripts/ci_fresh_user.sh" in ci
+    fresh = (ROOT / "scripts/ci_fresh_user.sh").read_text()
+    for must in ("useradd", "su - ", "git clone", "make setup", "00_environment.ipynb", "make lab", "userdel"):
+        assert must in fresh, must
+
+
+def test_make_test_gpu_refuses_without_a_gpu():
+    has_gpu = subprocess.run("nvidia-smi -L 2>/dev/null | grep -q ^GPU", shell=True).returncode == 0
+    out = subprocess.run(["make", "-s", "gpu-present"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if has_gpu:
+        assert out.returncode == 0, out.stderr
+    else:
+        assert out.returncode != 0 and out.stderr.strip().splitlines()[0].startswith("make test-gpu: no NVIDIA GPU")

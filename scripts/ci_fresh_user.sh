@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The fresh-machine check (CI runs it as root after `make test`): does the kit install and run for a plain user
+# with plain PyPI? A throwaway non-root user, a login shell (none of root's PIP_* variables or pip config), a
+# fresh clone of this repository's HEAD, then `make setup`, notebook 00 under nbval, the cluster tests (engines
+# as a non-root user: no Open MPI allow-run-as-root variables) and `make lab` answering on 127.0.0.1.
+#
+#   sudo bash scripts/ci_fresh_user.sh           # ~20 min the first time on 2 cores, most of it downloads
+#
+# Only the user's pip cache is kept between runs (in $KIT_CI_CACHE, default /var/cache/kit-ci), so a second run
+# does not download PyTorch's ~3 GB again; Horovod is built afresh every time (its cache is not kept), because
+# building it is what a fresh machine does. Everything else (user, home, processes) is removed at the end.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+[ "$(id -u)" = 0 ] || { echo "ci_fresh_user: must run as root (it creates and removes a user)" >&2; exit 2; }
+user=kitci$$
+home=/home/$user
+keep=${KIT_CI_CACHE:-/var/cache/kit-ci}/pip
+t0=$(date +%s)
+
+cleanup() {
+  set +e
+  pkill -KILL -u "$user" 2>/dev/null; sleep 1
+  if [ -d "$home/.cache/pip" ]; then mkdir -p "$(dirname "$keep")"; rm -rf "$keep"; mv "$home/.cache/pip" "$keep"; fi
+  userdel -r "$user" >/dev/null 2>&1; rm -rf "$home" "/tmp/$user-setup.log"
+  echo "ci_fresh_user: removed user $user and its home ($(( $(date +%s) - t0 )) s in all)"
+}
+trap cleanup EXIT
+
+useradd -m -s /bin/bash "$user"
+git clone --quiet "$repo" "$home/kit"
+if [ -d "$keep" ]; then mkdir -p "$home/.cache"; mv "$keep" "$home/.cache/pip"; fi
+chown -R "$user": "$home"
+
+as_user() { su - "$user" -c "$1"; }    # a login shell: the user's own, plain environment
+echo "ci_fresh_user: as $user (uid $(id -u "$user")), HOME=$home, PIP_* variables: $(as_user 'env | grep -c ^PIP_' || true)"
+as_user 'cd ~/kit && make setup' | tee "/tmp/$user-setup.log"
+grep -q '^setup_env: PyTorch: ' "/tmp/$user-setup.log" \
+  || { echo "ci_fresh_user: FAIL: make setup did not say which PyTorch it chose" >&2; exit 1; }
+rm -f "/tmp/$user-setup.log"
+as_user 'du -sh ~/kit/.venv ~/.cache/pip 2>/dev/null | sed "s|$HOME|~|"'
+as_user 'cd ~/kit && .venv/bin/python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env \
+         notebooks/00_environment.ipynb tests/test_cluster.py'
+
+# make lab as that user: it must start and answer on 127.0.0.1, then stop with nothing left
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+as_user "cd ~/kit && JUPYTER_TOKEN=ci make lab LAB_PORT=$port >/dev/null 2>&1 & echo \$! > ~/lab.pid"
+for _ in $(seq 60); do
+  curl -fs "http://127.0.0.1:$port/api/status?token=ci" >/dev/null 2>&1 && break; sleep 2
+done
+curl -fs "http://127.0.0.1:$port/api/status?token=ci" >/dev/null \
+  || { echo "ci_fresh_user: FAIL: make lab did not answer on 127.0.0.1:$port" >&2; exit 1; }
+echo "ci_fresh_user: make lab answered on 127.0.0.1:$port"
+echo "ci_fresh_user: PASS ($(( $(date +%s) - t0 )) s)"

@@ -1,0 +1,319 @@
+"""kit.netlab: emulated hosts on one machine. Life cycle and leaks, link rates, cut/restore, the sweep after a
+crash, security (listening sockets, keys), and horovodrun / mpiexec across two lab hosts, killed and resumed.
+
+These need root (network namespaces). CI runs as root, so there they always run; as root, a missing tool (sshd,
+ip, tc) FAILS with the package to install. Without root they are skipped, except the test of the error itself.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kit import mnist, netlab, netlab_ssh
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+SCRIPT = str(REPO / "scripts" / "train_keras_mnist.py")
+TINY = ["--dataset", "digits", "--train-samples", "512", "--batch-size", "32", "--threads", "1"]
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="kit.netlab makes network namespaces, which needs root "
+                                "(CI runs as root; locally: sudo, or Docker with --cap-add NET_ADMIN)")
+CHILD_ENV = dict(os.environ, PYTHONPATH=str(REPO))
+
+
+def leftovers() -> dict[str, list]:
+    """Return every kit lab resource on this machine: namespaces, links, /etc/netns and temp dirs, processes."""
+    res = netlab._kit_resources() if ROOT else {}
+    procs = [p for p in os.listdir("/proc") if p.isdigit() and _lab_process(p)]
+    return {"resources": sorted(res.items()), "processes": procs}
+
+
+def _lab_process(pid: str) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        return state != "Z" and b"/kitlab" in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+
+
+def assert_clean():
+    deadline = time.time() + 10
+    while (left := leftovers()) != {"resources": [], "processes": []} and time.time() < deadline:
+        time.sleep(0.2)
+    assert left == {"resources": [], "processes": []}, f"left behind: {left}"
+
+
+def ssh_home_state():
+    d = Path.home() / ".ssh"
+    return sorted((p.name, p.stat().st_mtime) for p in d.iterdir()) if d.exists() else None
+
+
+# --------------------------------------------------------------------------------------- requirements
+@pytest.mark.timeout(60)
+def test_without_root_start_says_what_to_do():
+    code = "import kit.netlab as n\ntry:\n    n.start(2)\nexcept n.LabError as e:\n    print(e)"
+    # as root: the same call from a root process without CAP_NET_ADMIN (Docker without --cap-add NET_ADMIN)
+    prefix = ["setpriv", "--bounding-set", "-net_admin"] if ROOT else []
+    p = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, env=CHILD_ENV,
+                       timeout=60)
+    assert "needs root" in p.stdout and "--cap-add NET_ADMIN" in p.stdout, p.stdout + p.stderr
+
+
+@needs_root
+@pytest.mark.timeout(30)
+def test_root_has_every_tool_the_lab_needs():
+    netlab.check_requirements()          # raises LabError naming the Debian package of a missing tool
+
+
+@needs_root
+@pytest.mark.timeout(30)
+def test_without_sshd_the_error_names_the_package(monkeypatch, tmp_path):
+    for tool in ("ip", "tc", "unshare", "ssh", "ssh-keygen"):      # every other tool, but no sshd
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(netlab_ssh, "SSHD_PATHS", (str(tmp_path / "sshd"),))
+    with pytest.raises(netlab.LabError, match="apt-get install -y openssh-server"):
+        netlab.start(2)
+    assert_clean()
+
+
+def test_bad_arguments_get_clear_errors():
+    with pytest.raises(netlab.LabError, match="1 to 200"):
+        netlab.start(hosts=0)
+    with pytest.raises(netlab.LabError, match="unit"):
+        netlab.start(hosts=2, rate="fast")
+    assert netlab.parse_rate("1gbit") == 1e9 and netlab.parse_rate("12.5mbps") == 1e8
+
+
+# ------------------------------------------------------------------------------------------ life cycle
+@needs_root
+@pytest.mark.timeout(120)
+def test_life_cycle_hosts_names_ssh_and_nothing_left(no_leaks):
+    assert_clean()
+    ssh_before = ssh_home_state()
+    lab = netlab.start(hosts=3, rate="1gbit")
+    try:
+        assert lab.hosts == ["h1", "h2", "h3"] and lab.addr.startswith("198.18.")
+        for host in lab.hosts:
+            out = lab.ssh(host, "hostname; ip -o -4 addr show eth0").stdout.split("\n", 1)
+            assert out[0] == host and f"inet {lab.addr_of(host)}/24" in out[1]
+        # the lab's own names resolve on every host, and a host reaches another with the lab's ssh
+        assert lab.ssh("h1", "getent hosts h3").stdout.split()[0] == lab.addr_of("h3")
+        assert lab.ssh("h1", f"PATH={lab.dir}/bin:$PATH ssh h2 hostname").stdout.strip() == "h2"
+        for name in ("userkey", "hostkey", "authorized_keys", "known_hosts", "ssh_config"):
+            assert os.stat(os.path.join(lab.dir, name)).st_mode & 0o777 == 0o600, name
+        assert all(Path(f"/etc/netns/{lab.ns(h)}/hosts").exists() for h in lab.hosts)
+        tc = netlab.run("tc", "qdisc", "show", "dev", lab.veth("h1")).stdout
+        tc_ns = netlab.run("tc", "-n", lab.ns("h1"), "qdisc", "show", "dev", "eth0").stdout
+        assert "tbf" in tc and "rate 1Gbit" in tc and "tbf" in tc_ns and "rate 1Gbit" in tc_ns
+    finally:
+        lab.stop()
+    assert_clean()
+    assert ssh_home_state() == ssh_before, "the user's ~/.ssh changed"
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_with_block_exception_and_atexit_leave_nothing(no_leaks):
+    with pytest.raises(ZeroDivisionError):
+        with netlab.start(hosts=2) as lab:
+            assert lab.ssh("h2", "hostname").stdout.strip() == "h2"
+            1 / 0
+    assert_clean()
+    # a kernel that exits without stop(): atexit removes the lab
+    code = "import kit.netlab as n; lab = n.start(2); print(lab.ssh('h1', 'hostname').stdout, end='')"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=CHILD_ENV, timeout=90)
+    assert p.returncode == 0 and p.stdout == "h1\n", p.stderr
+    assert_clean()
+
+
+@needs_root
+@pytest.mark.timeout(150)
+def test_start_after_a_crash_sweeps_the_dead_lab(no_leaks):
+    code = textwrap.dedent("""
+        import json, time, kit.netlab as n
+        lab = n.start(2)
+        print(json.dumps({"id": lab.id, "dir": lab.dir, "sshd": [p.pid for p in lab._sshd.values()]}), flush=True)
+        time.sleep(600)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    try:
+        crashed = json.loads(child.stdout.readline())
+    finally:
+        child.kill()                                            # SIGKILL: no atexit, no stop()
+        child.wait(timeout=30)
+    assert crashed["id"] in netlab._kit_resources() and os.path.isdir(crashed["dir"])
+    with netlab.start(2) as lab:                                # sweeps the dead lab, then starts
+        assert lab.id == crashed["id"], "the crashed lab's number was not freed"
+        assert not os.path.exists(crashed["dir"])
+        assert not [p for p in crashed["sshd"] if _lab_process(str(p))], "the crashed lab's sshd still runs"
+        assert lab.ssh("h2", "hostname").stdout.strip() == "h2"
+    assert_clean()
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_two_labs_at_once(no_leaks):
+    with netlab.start(2) as a, netlab.start(2) as b:
+        assert a.id != b.id and a.addr != b.addr and a.addr_of("h1") != b.addr_of("h1")
+        assert a.ssh("h1", "hostname").stdout == b.ssh("h1", "hostname").stdout == "h1\n"
+        # separate switches: a's host cannot reach b's
+        probe = "import socket,sys; socket.create_connection((sys.argv[1], 22), timeout=2)"
+        p = subprocess.run(a.exec_cmd("h1", sys.executable, "-c", probe, b.addr_of("h1")), capture_output=True)
+        assert p.returncode != 0
+    assert_clean()
+
+
+# ------------------------------------------------------------------------------------ rate, cut, restore
+def within(measured: dict, rate: str, tol=0.10):
+    want = netlab.parse_rate(rate) / 8
+    return all(abs(v / want - 1) <= tol for v in measured.values())
+
+
+@needs_root
+@pytest.mark.timeout(180)
+def test_measured_rate_matches_the_set_rate_both_ways(no_leaks):
+    with netlab.start(hosts=2, rate="400mbit") as lab:
+        first = lab.measure_rate("h1", "h2")
+        lab.set_rate("100mbit")
+        second = lab.measure_rate("h2", "h1")
+    print(f"\n400mbit: {first}\n100mbit: {second}")
+    assert within(first, "400mbit"), first
+    assert within(second, "100mbit"), second
+
+
+def can_connect(lab, src, dst, timeout=2) -> bool:
+    probe = "import socket,sys; socket.create_connection((sys.argv[1], 22), timeout=float(sys.argv[2]))"
+    p = subprocess.run(lab.exec_cmd(src, sys.executable, "-c", probe, lab.addr_of(dst), str(timeout)),
+                       capture_output=True, timeout=60)
+    return p.returncode == 0
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_cut_and_restore_a_link(no_leaks):
+    with netlab.start(hosts=3) as lab:
+        assert can_connect(lab, "h1", "h2")
+        lab.cut("h2")
+        assert not can_connect(lab, "h1", "h2") and not can_connect(lab, "h2", "h3")
+        assert can_connect(lab, "h1", "h3")                     # the others still talk
+        lab.restore("h2")
+        assert can_connect(lab, "h1", "h2", timeout=10)
+        assert lab.ssh("h2", "hostname").stdout.strip() == "h2"
+        with pytest.raises(netlab.LabError, match="no host 'h9'"):
+            lab.cut("h9")
+
+
+# ---------------------------------------------------------------------------------------------- security
+def listening(ns: str | None) -> list[tuple[str, str]]:
+    """Return (local address, process) of every listening TCP socket in namespace `ns` (None: this one)."""
+    cmd = ["ss", "-Hltnp"] if ns is None else ["ip", "netns", "exec", ns, "ss", "-Hltnp"]
+    rows = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()
+    return [(r.split()[3], r.split()[-1] if "users:" in r else "") for r in rows]
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_only_lab_addresses_listen_and_only_the_lab_key_gets_in(tmp_path, no_leaks):
+    with netlab.start(hosts=2) as lab:
+        sshd = {str(p.pid) for p in lab._sshd.values()}
+        for host in lab.hosts:
+            socks = listening(lab.ns(host))
+            assert socks and all(addr == f"{lab.addr_of(host)}:22" for addr, _ in socks), socks
+        root = listening(None)
+        assert not [s for s in root if any(f"pid={p}," in s[1] for p in sshd)], root
+        assert not [s for s in root if s[0].startswith("198.18.")], root
+        # a key that is not the lab's is refused, and the server offers no password login
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+        p = subprocess.run(["ssh", "-F", "/dev/null", "-i", str(tmp_path / "other"), "-o", "IdentitiesOnly=yes",
+                            "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={lab.dir}/known_hosts",
+                            "-o", "StrictHostKeyChecking=yes", f"root@{lab.addr_of('h1')}", "hostname"],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 255 and "Permission denied (publickey)" in p.stderr, p.stderr
+        assert lab.ssh("h1", "hostname").stdout == "h1\n"       # while the lab's key works
+        keys = [os.path.join(lab.dir, k) for k in ("userkey", "hostkey")]
+    assert not any(os.path.exists(k) for k in keys)
+    assert_clean()
+
+
+# --------------------------------------------------------------------------------- horovodrun / mpiexec
+def rank_pids(lab, host) -> list[int]:
+    """Return the pids of the training script's processes running on `host`."""
+    out = []
+    for pid in netlab.ns_pids(lab.ns(host)):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().split("\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1] == SCRIPT:
+            out.append(pid)
+    return out
+
+
+def launcher(kind, lab, *args):
+    if kind == "gloo":
+        return [str(BIN / "horovodrun"), "--gloo", *lab.horovodrun_args(2, ["h1", "h2"]), sys.executable, SCRIPT,
+                *TINY, *args]
+    return [str(BIN / "mpiexec"), *lab.mpi_args(2, ["h1", "h2"]), sys.executable, SCRIPT, *TINY, *args]
+
+
+def finish(proc, timeout):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("kind", ["gloo", "mpi"])
+def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
+    ckpt, total, t0, ssh_before = tmp_path / "ckpt", 40, time.time(), ssh_home_state()
+    with netlab.start(hosts=2) as lab:
+        # 1. 4 ranks, 2 per host, started from h1 as on a real cluster; kill one rank on h2 mid-run.
+        p = lab.launch("h1", launcher(kind, lab, "--epochs", str(total), "--checkpoint-dir", str(ckpt)),
+                       cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 400
+        while len(mnist.list_checkpoints(ckpt)) < 1 and p.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        on_h2 = rank_pids(lab, "h2")
+        assert len(on_h2) == 2 and len(rank_pids(lab, "h1")) == 2, "not 2 ranks on each host"
+        for host in lab.hosts:      # a namespace has only lo and eth0: all it listens on is the lab or loopback
+            socks = [a.rsplit(":", 1)[0] for a, _ in listening(lab.ns(host))]
+            assert set(socks) <= {lab.addr_of(host), "0.0.0.0", "*", "[::]", "127.0.0.1", "[::1]"}, socks
+            links = netlab.run("ip", "-n", lab.ns(host), "-o", "link").stdout.splitlines()
+            assert [ln.split(":")[1].strip().split("@")[0] for ln in links] == ["lo", "eth0"], links
+        os.kill(on_h2[0], signal.SIGKILL)
+        t_kill = time.time()
+        rc, out = finish(p, 300)
+        print(f"\n{kind}: first checkpoint after {t_kill - t0:.0f} s, job ended {time.time() - t_kill:.0f} s after "
+              f"the kill")
+        assert rc != 0, f"the job did not notice its killed rank:\n{out[-3000:]}"
+        done = [int(mnist.CKPT_RE.search(c.name)[1]) for c in mnist.list_checkpoints(ckpt)]
+        assert done and max(done) < total, f"not killed mid-way: checkpoints {done}"
+        # 2. Again with the same checkpoint dir: resumes after the last checkpoint and finishes.
+        last = max(done)
+        p = lab.launch("h1", launcher(kind, lab, "--epochs", str(last + 2), "--checkpoint-dir", str(ckpt),
+                                      "--json", str(tmp_path / "r.json")),
+                       cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        t1 = time.time()
+        rc, out = finish(p, 700)
+        print(f"{kind}: resumed run {time.time() - t1:.0f} s")
+        assert rc == 0, out[-3000:]
+        assert f"resumed from epoch {last}" in out and "replicas identical: True" in out, out[-3000:]
+        result = json.loads((tmp_path / "r.json").read_text())
+        assert result["size"] == 4 and [h["epoch"] for h in result["history"]] == [last + 1, last + 2]
+        assert not rank_pids(lab, "h1") and not rank_pids(lab, "h2")
+    assert_clean()
+    assert ssh_home_state() == ssh_before, "the user's ~/.ssh changed"
