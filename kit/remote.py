@@ -25,6 +25,7 @@ from . import engines
 from .launchers import ClusterError, GlooLauncher, MPILauncher, gloo_env
 
 KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IPP_VARS = ("IPP_CONNECTION_INFO", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR")
 CARRY = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS", "KIT_DATA_DIR")
 
 
@@ -215,10 +216,12 @@ class SSHMPILauncher(_RemoteMixin, MPILauncher):
         subnet = local_subnet(self.ip)
         env = {**cfg.environment, **self.remote.env}
         cfg.environment = env
-        cfg.mpi_args = [*cfg.mpi_args, "--prefix", sys.prefix, "--mca", "plm_rsh_agent", self.remote.agent,
+        # --map-by slot: fill h1's slots, then h2's (with --oversubscribe alone Open MPI 5 put all 4 on h1 here)
+        cfg.mpi_args = [*cfg.mpi_args, "--map-by", "slot", "--prefix", sys.prefix, "--mca", "plm_rsh_agent", self.remote.agent,
                         "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet,
                         "--mca", "mpi_yield_when_idle", "1",
-                        *[a for k in env for a in ("-x", k)]]
+                        # Open MPI hands remote ranks only the variables named with -x (ipyparallel's included)
+                        *[a for k in [*env, *IPP_VARS] for a in ("-x", k)]]
 
 
 REMOTE_LAUNCHERS = {"gloo": SSHGlooLauncher, "mpi": SSHMPILauncher}
