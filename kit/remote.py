@@ -217,7 +217,8 @@ class SSHMPILauncher(_RemoteMixin, MPILauncher):
         env = {**cfg.environment, **self.remote.env}
         cfg.environment = env
         # --map-by slot: fill h1's slots, then h2's (with --oversubscribe alone Open MPI 5 put all 4 on h1 here)
-        cfg.mpi_args = [*cfg.mpi_args, "--map-by", "slot", "--prefix", sys.prefix, "--mca", "plm_rsh_agent", self.remote.agent,
+        cfg.mpi_args = [*cfg.mpi_args, "--map-by", "slot", "--prefix", sys.prefix,
+                        "--mca", "plm_rsh_agent", self.remote.agent,
                         "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet,
                         "--mca", "mpi_yield_when_idle", "1",
                         # Open MPI hands remote ranks only the variables named with -x (ipyparallel's included)
