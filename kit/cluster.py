@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from . import engines, launchers  # noqa: F401 (kit.cluster.launchers)
+from . import engines, launchers, remote  # noqa: F401 (kit.cluster.launchers)
 from . import env as kit_env
 from . import sysinfo
 from .launchers import (LAUNCHERS, LOCALHOST, ClusterError, Slot, assign_slots, gloo_env,  # noqa: F401
@@ -103,8 +103,14 @@ class Cluster:
     def __init__(self, n=2, backend="gloo", *, timeout=DEFAULT_TIMEOUT, devices="auto", share_gpus=False,
                  threads=None, mpiexec=None, hosts=None, ip=LOCALHOST, quiet=False):
         _check_args(n, backend, timeout)
+        how = None
+        if hosts is not None and not isinstance(hosts, str):   # a kit.netlab lab: n // hosts engines on each
+            hosts, ip, how = remote.from_lab(hosts, n)
         self.hosts = parse_hosts(hosts, n, ip) if hosts else None
-        self.launcher = launcher(backend, hosts=self.hosts, ip=ip, mpiexec=mpiexec)
+        if self.hosts:   # engines on other hosts, over SSH (kit.remote)
+            self.launcher = remote.REMOTE_LAUNCHERS[backend](hosts=self.hosts, ip=ip, mpiexec=mpiexec, remote=how)
+        else:
+            self.launcher = launcher(backend, hosts=self.hosts, ip=ip, mpiexec=mpiexec)
         self.launcher.check()
         if not self.hosts:  # all n engines on this host: fail before starting anything
             plan_devices(sysinfo.visible_gpus(), n, devices, share_gpus)
@@ -216,10 +222,17 @@ class Cluster:
         return ranks
 
     def wait(self, async_result, timeout: float | None = None):
-        """Return an AsyncResult's value; if an engine died, raise RankDiedError naming its rank."""
+        """Return an AsyncResult's value; if an engine died (or its host is cut off), raise RankDiedError naming it."""
         from ipyparallel.error import CompositeError, EngineError
+        deadline = None if timeout is None else time.time() + timeout
+        while not async_result.ready() and (deadline is None or time.time() < deadline):
+            # engines behind a cut link never answer: once some part failed, look for lost ranks
+            failed = any(isinstance(self.client.results.get(m), Exception) for m in async_result.msg_ids)
+            if failed and self.poll_dead():
+                raise self._died_error()
+            async_result.wait(1.0 if deadline is None else max(0.0, min(1.0, deadline - time.time())))
         try:
-            return async_result.get(timeout=timeout)
+            return async_result.get(timeout=0 if deadline is not None else None)
         except (CompositeError, EngineError) as e:
             if self.poll_dead():
                 raise self._died_error() from e
@@ -237,6 +250,9 @@ class Cluster:
                 gone = True
             if gone:
                 self.dead[rank] = f"engine {self.engine_of(rank)} (pid {pid}) exited"
+        if self.slots and not self._stopped and len(self.dead) < self.n:
+            for rank, why in self.launcher.lost_ranks(self.slots).items():
+                self.dead.setdefault(rank, why)
         return self.dead
 
     def __enter__(self):
@@ -346,7 +362,8 @@ def start(n: int = 2, backend: str = "gloo", **kwargs) -> Cluster:
     per engine when there are enough, else CPU with a notice; "cpu"; "gpu": one GPU per local rank, an error
     when too few), share_gpus (let several engines share a GPU), threads (framework threads per engine;
     default cores // engines per host), mpiexec (path), hosts ("server1:4,server2:4": engines over MPI -H
-    or ipyparallel SSH engines),
-    ip (the address servers bind; default 127.0.0.1, needed otherwise with hosts), quiet.
+    or ipyparallel SSH engines; or a kit.netlab lab: n // len(lab.hosts) engines on each of its hosts, servers
+    on lab.addr, the lab's ssh), ip (the address servers bind; default 127.0.0.1, needed otherwise with hosts),
+    quiet.
     """
     return Cluster(n, backend, **kwargs).start()

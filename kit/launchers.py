@@ -39,14 +39,14 @@ class Slot:
 
 
 def assign_slots(hostnames: dict[int, str]) -> dict[int, Slot]:
-    """Map engine id -> Slot: ranks grouped by host (hosts in order of first engine id), as horovodrun does."""
+    """Map engine id -> Slot: ranks grouped by host (hosts and engines in the order given), as horovodrun does."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-    order = [hostnames[e] for e in sorted(hostnames)]
+    order = [hostnames[e] for e in hostnames]
     hosts = list(dict.fromkeys(order))
     plan = get_host_assignments(parse_hosts(",".join(f"{h}:{order.count(h)}" for h in hosts)), len(order))
     slots = {}
     for host in hosts:
-        engines = [e for e in sorted(hostnames) if hostnames[e] == host]
+        engines = [e for e in hostnames if hostnames[e] == host]
         host_slots = sorted((s for s in plan if s.hostname == host), key=lambda s: s.local_rank)
         for eid, s in zip(engines, host_slots):
             slots[eid] = Slot(host, s.rank, s.size, s.local_rank, s.local_size, s.cross_rank, s.cross_size)
@@ -76,6 +76,10 @@ class Launcher:
     def job_env(self, slots: dict[int, Slot]) -> dict[int, dict[str, str]]:
         """Start this way's servers; return what each engine must know about the job (engine id -> env)."""
         return {e: {} for e in slots}
+
+    def lost_ranks(self, slots: dict[int, Slot]) -> dict[int, str]:
+        """Return {rank: why} for ranks whose engine lives but cannot be reached (e.g. its host's link is down)."""
+        return {}
 
     def stop(self):
         """Stop the servers job_env started (idempotent)."""
