@@ -85,7 +85,7 @@ if [ -z "$installed" ]; then
             | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["install"][0]["download_info"]["url"])' 2>/dev/null || true)
       case "$url" in
         *%2Bcpu*|*+cpu*)
-          say "PyTorch: the CPU build ($why); PyTorch's CPU index $TORCH_CPU_INDEX cannot be reached, but your pip configuration offers a CPU wheel: $(basename "$url")" ;;
+          say "PyTorch: the CPU build ($why); PyTorch's CPU index $TORCH_CPU_INDEX cannot be reached, but your pip configuration offers a CPU wheel: $(basename "${url//%2B/+}")" ;;
         *)
           say "PyTorch: $why, but PyTorch's CPU index $TORCH_CPU_INDEX cannot be reached from here."
           say "  Falling back to PyPI's $torch_pin, which on Linux x86_64 is the CUDA build: ~2.5 GB more to download"
@@ -102,7 +102,7 @@ if [ -z "$installed" ]; then
     pip_install "$torch_pin"
   fi
 fi
-got=$("$PY" -c 'import torch; print(torch.__version__, "CUDA " + torch.version.cuda if torch.version.cuda else "CPU")')
+got=$("$PY" -c 'import torch; print(torch.__version__, "CUDA " + torch.version.cuda if torch.version.cuda else "CPU")' 2>/dev/null)
 say "PyTorch installed: ${got% *} (${got#* } build)"
 if [ "$want" = cuda ] && [ "${got#* }" = CPU ]; then
   say "  note: TORCH=cuda but pip chose a CPU wheel (your pip configuration offers one): GPU tensors won't work"
