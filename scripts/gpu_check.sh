@@ -28,8 +28,12 @@ sdist=$(ls "$wh"/horovod-0.28.1.tar.gz 2>/dev/null) || die "$wh has no horovod-0
 tmp=${KIT_GPU_CHECK_KEEP:-$(mktemp -d -t kit-gpu-check.XXXXXX)}
 [ -n "${KIT_GPU_CHECK_KEEP:-}" ] || trap 'rm -rf "$tmp"' EXIT
 say "venv in $tmp (sees $PY's torch $("$PY" -c 'import torch; print(torch.__version__)'))"
-"$PY" -m venv --system-site-packages "$tmp/venv"
+"$PY" -m venv "$tmp/venv"
 V="$tmp/venv/bin/python"
+# The machine's torch (and whatever else is beside it) stays visible, after the venv's own packages: a .pth line
+# naming its site-packages works whether $PY is the system Python or a venv of its own.
+torch_site=$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
+echo "$torch_site" >"$("$V" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-machine-site.pth"
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" PIP_DISABLE_PIP_VERSION_CHECK=1
 "$V" -m pip install --quiet -r "$wh/requirements.txt" || die "installing from $wh failed (wrong Python/platform?)"
 
