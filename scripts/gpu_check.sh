@@ -35,7 +35,7 @@ V="$tmp/venv/bin/python"
 torch_site=$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
 echo "$torch_site" >"$("$V" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-machine-site.pth"
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$wh" PIP_DISABLE_PIP_VERSION_CHECK=1
-"$V" -m pip install --quiet -r "$wh/requirements.txt" || die "installing from $wh failed (wrong Python/platform?)"
+"$V" -m pip install --quiet --ignore-installed -r "$wh/requirements.txt" || die "installing from $wh failed (wrong Python/platform?)"
 
 # Horovod for PyTorch only. NCCL from the machine (system) or from NVIDIA's PyPI package (nvidia-nccl-cu*).
 hvd_env=(KIT_FRAMEWORKS=pytorch KIT_HOROVOD_SDIST="$sdist" KIT_CACHE_DIR="$tmp/cache" PYTHON="$V"
