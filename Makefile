@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 LAB_PORT ?= 8888
 # Which PyTorch build: auto (CUDA when an NVIDIA GPU is present, else CPU), cpu or cuda. `make TORCH=cpu setup`.
 TORCH ?= auto
+PYTEST_ARGS ?=
 # Horovod's Keras integration needs tf-keras (Keras 2): chosen before TensorFlow is imported (README).
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
@@ -18,7 +19,7 @@ lab: setup
 	@VENV=$(VENV) LAB_PORT=$(LAB_PORT) bash scripts/lab.sh
 
 test: setup
-	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=900 tests notebooks
+	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=900 $(PYTEST_ARGS) tests notebooks
 
 # The GPU tests (tests/gpu): one engine per GPU, engines sharing a GPU, Horovod and torch.distributed on CUDA
 # tensors, NVML during training, the loader sweep with pin_memory. Refuses at once where there is no GPU.
