@@ -24,7 +24,7 @@ cleanup() {
   set +e
   pkill -KILL -u "$user" 2>/dev/null; sleep 1
   if [ -d "$home/.cache/pip" ]; then mkdir -p "$(dirname "$keep")"; rm -rf "$keep"; mv "$home/.cache/pip" "$keep"; fi
-  userdel -r "$user" >/dev/null 2>&1; rm -rf "$home" "/tmp/$user-setup.log"
+  userdel -r "$user" >/dev/null 2>&1; rm -rf "$home" "/tmp/$user-setup.log" "/tmp/$user-test.log"
   echo "ci_fresh_user: removed user $user and its home ($(( $(date +%s) - t0 )) s in all)"
 }
 trap cleanup EXIT
