@@ -198,3 +198,34 @@ def test_notebook_00_runs_clean_in_jupyterlab(no_leaks):
         if proc is not None:
             stop_lab(proc, port, token)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+
+# What the engines' stderr filter (kit.env.quiet_native_stderr) lets through, in a child process: fast, no browser.
+BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+INFO = "I0000 00:00:1796020754.784409   24363 cudart_stub.cc:31] Could not find cuda drivers on your machine."
+WARN = "W1130 08:45:01.123456   24363 some_op.cc:7] a warning"
+CUINIT = "E0000 00:00:1796020763.278299   24363 cuda_platform.cc:52] failed call to cuInit: UNKNOWN ERROR (303)"
+ERROR = "E1130 08:45:01.123456   24363 gloo.cc:12] a real error"
+FILTER_CHILD = """
+import os, sys, time
+from kit.env import quiet_native_stderr
+quiet_native_stderr()
+os.write(2, sys.argv[1].encode())
+time.sleep(1)     # the partial last line goes on after 0.2 s
+"""
+
+
+@pytest.mark.parametrize("level, cuda, kept", [
+    ("2", "", [ERROR, "plain C output", "a partial line"]),                     # what kit.cluster's engines get
+    ("0", "", [INFO, WARN, ERROR, "plain C output", "a partial line"]),         # INFO shown, CPU engine: no cuInit
+    ("2", "0", [CUINIT, ERROR, "plain C output", "a partial line"]),            # a GPU engine: cuInit failing counts
+])
+def test_engines_drop_only_tensorflow_start_up_noise(level, cuda, kept):
+    if cuda and not os.path.exists("/proc/driver/nvidia/version"):
+        kept = [k for k in kept if k != CUINIT]      # no NVIDIA driver here: a CPU machine, cuInit failing is noise
+    written = "\n".join([BANNER, INFO, WARN, CUINIT, ERROR, "plain C output", "a partial line"])
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": level, "CUDA_VISIBLE_DEVICES": cuda,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", FILTER_CHILD, written], env=env, capture_output=True, timeout=60)
+    assert out.stderr.decode().splitlines() == kept
