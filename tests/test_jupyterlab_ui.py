@@ -27,14 +27,19 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = "00_environment.ipynb"
 RUN_ALL_SECONDS = 1500     # notebook 00 on a loaded 2-core machine: about 7 minutes, its lab section included
 
-# The notebook panel JupyterLab shows, read through its models (what is rendered on screen) and its DOM.
-JS_KERNEL = """const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;
+# The notebook panel JupyterLab shows, read through its models (what is rendered on screen) and its DOM; found
+# among the main area's widgets (shell.currentWidget follows the focus, which a headless browser need not give).
+JS_NOTEBOOK = """const app = window.jupyterapp;
+const nb = app && Array.from(app.shell.widgets('main')).find(w => w.content && w.sessionContext);"""
+JS_KERNEL = JS_NOTEBOOK + """
+const k = nb && nb.sessionContext.session && nb.sessionContext.session.kernel;
 return k ? k.status : null;"""
-JS_RUN_ALL = """window.__kitRunAll = null;
-window.jupyterapp.commands.execute('notebook:run-all-cells').then(
+JS_RUN_ALL = JS_NOTEBOOK + """
+app.shell.activateById(nb.id);
+window.__kitRunAll = null;
+app.commands.execute('notebook:run-all-cells').then(
     ok => { window.__kitRunAll = {ok: ok}; }, err => { window.__kitRunAll = {error: String(err)}; });"""
-JS_STATE = """const nb = window.jupyterapp.shell.currentWidget;
+JS_STATE = JS_NOTEBOOK + """
 const code = nb.content.widgets.filter(c => c.model.type === 'code');
 const k = nb.sessionContext.session && nb.sessionContext.session.kernel;
 return {done: window.__kitRunAll, kernel: k ? k.status : null,
