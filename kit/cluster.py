@@ -325,7 +325,8 @@ class Cluster:
 
 
 def _install_ipython_hook():
-    """Make a %%px cell that failed because an engine died say which rank died and what to do."""
+    """Set up %%px for the job: a cell that failed because an engine died says which rank died and what to do;
+    no progress bar."""
     from IPython import get_ipython
     from ipyparallel.error import CompositeError, EngineError
 
@@ -335,6 +336,8 @@ def _install_ipython_hook():
             if c.poll_dead():
                 print(f"kit.cluster: {c._died_error()}", file=sys.stderr)
     get_ipython().set_custom_exc((CompositeError, EngineError), explain)
+    # no "%px: 0%" progress bar (a widget that saved notebooks show frozen); %%px output still streams live
+    get_ipython().run_line_magic("pxconfig", "--progress-after -1")
 
 
 def _in_ipython() -> bool:

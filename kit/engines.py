@@ -28,6 +28,8 @@ def engine_setup(env):
     if early:
         raise RuntimeError(f"{early} were imported before kit.cluster set this engine up")
     os.environ.update(env)
+    from kit.env import quiet_native_stderr
+    quiet_native_stderr()   # TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL misses: not under %%px
 
 
 def engine_check_horovod():

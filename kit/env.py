@@ -7,6 +7,9 @@ environment, so the variables are set before TensorFlow is first imported, where
 from __future__ import annotations
 
 import os
+import re
+import select
+import threading
 
 # Horovod's Keras integration needs the Keras 2 API (the tf-keras package), chosen by this variable before
 # TensorFlow is first imported (README "Why tf-keras"; horovod#4290). TF_CPP_MIN_LOG_LEVEL=2 keeps
@@ -29,6 +32,61 @@ def use_legacy_keras(environ=None) -> None:
     environ = os.environ if environ is None else environ
     for k, v in FRAMEWORK_ENV.items():
         environ.setdefault(k, v)
+
+
+# TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL misses: they are logged (absl format, "I0000 hh:mm:ss.us
+# tid file:line] msg") before TensorFlow tells absl the level, behind absl's banner (tensorflow#79029, abseil-cpp#1718).
+_ABSL_BANNER = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+_ABSL_LINE = re.compile(rb"([IWEF])\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^ \]]+:\d+\] ")
+
+
+def native_noise(line: bytes, min_level: int, cpu_only: bool) -> bool:
+    """Return True for a C++ log line that TF_CPP_MIN_LOG_LEVEL=min_level means to hide (and, on a process that
+    runs on the CPU by design, the expected "failed call to cuInit")."""
+    if line.rstrip() == _ABSL_BANNER:
+        return True
+    m = _ABSL_LINE.match(line)
+    return bool(m) and ("IWEF".index(m[1].decode()) < min_level or (cpu_only and b"failed call to cuInit" in line))
+
+
+def quiet_native_stderr() -> None:
+    """Route this process's file descriptor 2 (C/C++ output) through a thread that drops :func:`native_noise`
+    lines and passes everything else on unchanged (Python's own stderr is untouched). Engines call it at set-up,
+    so TensorFlow's start-up lines do not show under %%px cells. Once per process; Unix only."""
+    global _QUIETED
+    if _QUIETED or not hasattr(select, "select"):
+        return
+    min_level = int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") or 0)
+    cpu_only = os.environ.get("CUDA_VISIBLE_DEVICES") == "" or not os.path.exists("/proc/driver/nvidia/version")
+    src, w = os.pipe()
+    dst = os.dup(2)
+    os.dup2(w, 2)
+    os.close(w)
+    threading.Thread(target=_pump, args=(src, dst, lambda ln: native_noise(ln, min_level, cpu_only)),
+                     name="kit-quiet-stderr", daemon=True).start()
+    _QUIETED = True
+
+
+_QUIETED = False   # quiet_native_stderr ran in this process (fd 2 is already filtered)
+
+
+def _pump(src: int, dst: int, drop) -> None:
+    """Copy src to dst line by line, leaving out lines for which drop(line); a partial line goes on after 0.2 s."""
+    def write(data):
+        while data:
+            data = data[os.write(dst, data):]
+    buf = b""
+    while True:
+        if buf and not select.select([src], [], [], 0.2)[0]:
+            write(buf)
+            buf = b""
+            continue
+        chunk = os.read(src, 65536)
+        if not chunk:
+            break
+        *lines, buf = (buf + chunk).split(b"\n")
+        write(b"".join(ln + b"\n" for ln in lines if not drop(ln)))
+    write(buf)
 
 
 def _from_env(what: str) -> int:

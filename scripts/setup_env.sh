@@ -43,6 +43,16 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ${#lab_pkgs[@]} -gt 
     || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${lab_pkgs[@]}" >/dev/null; } \
     || die "apt-get install ${lab_pkgs[*]} failed (the lab needs it; the rest of the kit does not)"
 fi
+# headless Chromium for tests/test_jupyterlab_ui.py (notebook 00 run in JupyterLab through selenium). Debian's
+# packages; where apt has none that work (Ubuntu ships snap stubs) warn and go on: only that test needs them.
+ui_pkgs=()
+{ command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || ui_pkgs+=(chromium chromium-driver)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ${#ui_pkgs[@]} -gt 0 ]; then
+  say "root: installing Debian's ${ui_pkgs[*]} for the JupyterLab browser test"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${ui_pkgs[@]}" >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${ui_pkgs[@]}" >/dev/null 2>&1; } \
+    || say "WARNING: apt-get install ${ui_pkgs[*]} failed: tests/test_jupyterlab_ui.py fails until they are installed" >&2
+fi
 
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.kit-stamp" 2>/dev/null)" = "$stamp" ]; then
   say "$VENV is up to date (PyTorch: $want build)"
