@@ -25,6 +25,7 @@ ALLOW = {
     "100%": "the definition of a fully busy accelerator / full efficiency",
     "0%": "the empty end of a utilisation scale",
     "90%": "a target in an exercise's statement (not a measurement)",
+    "3%": "an exercise's answer tolerance (notebook 01)",
 }
 
 # a number (1,746 or 3.7 or 0.28.1), then: a percent sign, or × / x written against it (6.6×; "4 × 128" is a product)
