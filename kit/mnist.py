@@ -29,7 +29,7 @@ from .plots_data import plot_history, plot_throughput, plot_timeline  # noqa: F4
 from .timeline import allreduce_seconds_per_step, read_timeline, timeline_summary  # noqa: F401  (notebook 04)
 
 BATCH = 128             # the classic example's batch size (per worker)
-BASE_EPOCHS = 12        # the classic example trains 12 epochs on one GPU
+EPOCHS = 12             # the classic example trains 12 epochs; sharded, N workers keep the 12 (see shard)
 BASE_LR = 1.0           # Adadelta's learning rate in the classic Keras example
 WARMUP_EPOCHS = 3       # gradual warmup from lr to lr * size (Goyal et al.; Horovod's Keras example uses 3)
 REPO = Path(__file__).resolve().parent.parent
@@ -90,26 +90,20 @@ def subset(x: np.ndarray, y: np.ndarray, n: int | None, seed: int = 0) -> tuple[
 
 
 def shard(x: np.ndarray, y: np.ndarray, rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Return rank's 1/size of the data (every size-th example from `rank`), equal-length on every rank."""
+    """Return rank's 1/size of the data (every size-th example from `rank`), equal-length on every rank.
+
+    The kit's convention (Horovod's tensorflow2_keras_mnist.py: steps_per_epoch // size): an epoch is one pass
+    over the data shared by the ranks, so N workers run the same epochs as one process, each epoch in 1/N of
+    the steps (of an N-times larger global batch). The other convention (Horovod's keras_mnist.py: every rank
+    sees all data, ceil(12 / N) epochs) gives the same samples in total; doing both would train 1/N of them.
+    """
     n = len(x) // size * size        # equal lengths: ranks must run the same number of steps (allreduce!)
     return x[rank:n:size], y[rank:n:size]
 
 
-def epochs_for(size: int, base: int = BASE_EPOCHS) -> int:
-    """Return ceil(base / size): with size workers each epoch does size times the work of one."""
-    return math.ceil(base / size)
-
-
-def time_epoch(model, x, y, tries: int = 2) -> float:
-    """Return the best of `tries` epoch times (s) of model.fit on (x, y), from the steps' pace (start-up excluded)."""
-    ends = []
-    tick = keras().callbacks.LambdaCallback(on_train_batch_end=lambda step, logs: ends.append(time.perf_counter()))
-    best = float("inf")
-    for _ in range(tries):
-        ends.clear()
-        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[tick])
-        best = min(best, (ends[-1] - ends[0]) * len(ends) / (len(ends) - 1))
-    return best
+def steps_per_epoch(n_samples: int, size: int, batch: int = BATCH) -> int:
+    """Return each rank's optimizer steps per epoch when n_samples are sharded over size ranks (batch per rank)."""
+    return n_samples // size // batch
 
 
 def weights_digest(model) -> str:

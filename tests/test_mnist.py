@@ -52,8 +52,16 @@ def test_shards_are_disjoint_equal_and_cover_the_data():
     assert len(set(seen)) == 100 and all((s[1] == s[0] * 10).all() for s in shards)
 
 
-def test_epochs_follow_ceil_12_over_size():
-    assert [mnist.epochs_for(n) for n in (1, 2, 3, 4, 5, 8, 16)] == [12, 6, 4, 3, 3, 2, 1]
+def test_n_workers_see_as_many_samples_as_one_process():
+    """Sharded data and the same epochs: N workers pass over every image as often as one process does."""
+    n = 60_000
+    one = mnist.EPOCHS * mnist.steps_per_epoch(n, 1) * mnist.BATCH
+    for size in (2, 3, 4, 8):
+        per_rank = len(mnist.shard(np.arange(n), np.arange(n), 0, size)[0])
+        steps = mnist.steps_per_epoch(n, size)
+        assert steps == per_rank // mnist.BATCH                    # each rank: its shard, once per epoch
+        job = mnist.EPOCHS * steps * size * mnist.BATCH             # global batch = size x BATCH
+        assert abs(job - one) <= size * mnist.BATCH * mnist.EPOCHS  # equal up to the dropped last batch
 
 
 def compiled_model():
