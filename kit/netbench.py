@@ -31,6 +31,11 @@ from .costmodel import busbw, fit_alpha_beta, pingpong, ring_bytes, t_comm_ps, t
 IMPLS = ("ring", "byteps", "torch", "horovod", "ps")
 LABELS = {"ring": "kit ring", "byteps": "PS, k=N servers on the workers (BytePS)", "torch": "torch.distributed (gloo)",
           "horovod": "Horovod (Gloo)", "ps": "PS, one server on its own host"}
+# What the NIC counters may add to the payload: each 1448-byte TCP segment (MTU 1500) carries 66 bytes of
+# Ethernet, IP and TCP headers (timestamps on), and the data coming the other way is acknowledged by a 66-byte
+# ACK at most every second segment. The lab's veths pass 64 KB GSO packets, each counted with ONE header, so
+# the counters usually show much less than this bound.
+TCP_OVERHEAD_BOUND = (66 + 66 / 2) / 1448
 PINGPONG_SIZES = [4, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
 KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -266,6 +271,29 @@ def experiment(ns=(2, 4), sizes=(4 << 20, 64 << 20), rate: str = "1gbit", reps: 
         rows += more
     return {"rate": rate, "sizes": list(sizes), "ns": list(ns), "reps": reps, "links": links, "rows": rows,
             "seconds": time.time() - t0}
+
+
+# ----------------------------------------------------------------------------------- the benchmark
+SETTINGS = {   # hosts N, message sizes, timed calls per size
+    "tiny": dict(ns=(2,), sizes=(256 << 10,), reps=1),
+    "quick": dict(ns=(2, 4), sizes=(4 << 20, 64 << 20), reps=2),
+    "full": dict(ns=(2, 4, 8), sizes=(1 << 20, 4 << 20, 16 << 20, 64 << 20), reps=3),
+}
+
+
+def bench(out_dir, quick: bool = False, tiny: bool = False):
+    """python -m kit.bench network: every implementation at N = 2, 4, 8 on 1 Gbit/s links; network.png."""
+    from . import plots
+    from .netbench_plots import plot_network, ratios, summary
+    s = SETTINGS["tiny" if tiny else "quick" if quick else "full"]
+    x = experiment(**s)
+    K = max(s["sizes"])
+    fig = plots.figure((15, 4.2))
+    plot_network(x, K, ax=fig.subplots(1, 3))
+    fig.tight_layout()
+    fig.savefig(out_dir / "network.png", dpi=100)
+    result = {**x, "links": {str(n): v for n, v in x["links"].items()}, "ratios": ratios(x, K)}
+    return result, summary(x, K, x["seconds"])
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
