@@ -166,7 +166,8 @@ def serve_main(argv):
                           wait_for_workers=False)
     print(store.port, flush=True)
     store_pg = dist.PrefixStore("default_pg", store)     # what init_method="tcp://..." adds on the workers' side
-    dist.init_process_group("gloo", store=store_pg, rank=0, world_size=world, timeout=datetime.timedelta(seconds=timeout))
+    dist.init_process_group("gloo", store=store_pg, rank=0, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
     try:
         print(json.dumps(ps_role(True, sizes, reps, timeout)), flush=True)
     finally:

@@ -139,4 +139,5 @@ def summary(x: dict, K: int, seconds: float) -> str:
     return (f"network {x['rate']}, {human(K)}: measured/model at N={ns}: {mom} (target 0.8-1.2); "
             f"N={max(x['ns'])} vs N={min(x['ns'])}: {sc} (targets 1.75x ring, 4x PS); "
             f"busbw/link at N={max(x['ns'])}: {bw} (target ring >= 85%); NIC bytes vs model at {human(K)}: {be}, "
-            f"worst at any size {worst:+.2%} (target within 2%; headers, ACKs, barriers included); all sums correct: {r['all_correct']}; {seconds:.0f} s")
+            f"worst at any size {worst:+.2%} (target within 2%; headers, ACKs, barriers included); "
+            f"all sums correct: {r['all_correct']}; {seconds:.0f} s")
