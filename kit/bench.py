@@ -24,6 +24,7 @@ BENCHES = {
     "ps": "kit.ps_bench:bench",
     "allreduce": "kit.ring_bench:bench",
     "mnist": "kit.mnist:bench",
+    "network": "kit.netbench:bench",
 }
 
 
@@ -54,7 +55,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=[*BENCHES, "all"])
     p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the README)")
-    p.add_argument("--tiny", action="store_true", help="smallest settings: a smoke run (ps, allreduce)")
+    p.add_argument("--tiny", action="store_true", help="smallest settings: a smoke run (ps, allreduce, network)")
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
     a = p.parse_args(argv)
     names = list(BENCHES) if a.name == "all" else [a.name]
