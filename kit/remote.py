@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import engines
-from .launchers import ClusterError, GlooLauncher, MPILauncher, gloo_env
+from .launchers import LOCALHOST, ClusterError, GlooLauncher, MPILauncher, gloo_env
 
 KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IPP_VARS = ("IPP_CONNECTION_INFO", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR")
@@ -51,6 +51,32 @@ class Remote:
                                   text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 255, "", f"no answer within {timeout:.0f} s")
+
+
+def parse_hosts(hosts: str, n: int, ip: str) -> dict[str, int]:
+    """Parse horovodrun's "server1:4,server2:4" into {host: slots}; check it adds up to n."""
+    try:
+        out = {h: int(k) for h, k in (part.rsplit(":", 1) for part in hosts.split(","))}
+    except ValueError:
+        raise ValueError(f"hosts={hosts!r}: write it as horovodrun does, e.g. 'server1:4,server2:4'") from None
+    if sum(out.values()) != n:
+        raise ValueError(f"hosts={hosts!r} has {sum(out.values())} slots but n={n}")
+    if ip == LOCALHOST:
+        raise ValueError("several hosts need ip= an address of this machine that they can reach "
+                         "(servers then listen there instead of 127.0.0.1)")
+    return out
+
+
+
+
+def launcher_for(backend: str, hosts, n: int, ip: str, mpiexec: str | None):
+    """Return ({host: slots}, the address servers bind, the launcher) for engines on `hosts`: horovodrun's
+    "server1:4,server2:4" (with ip=), or a kit.netlab lab (n // len(lab.hosts) engines on each host)."""
+    how = None
+    if not isinstance(hosts, str):
+        hosts, ip, how = from_lab(hosts, n)
+    slots = parse_hosts(hosts, n, ip)
+    return slots, ip, REMOTE_LAUNCHERS[backend](hosts=slots, ip=ip, mpiexec=mpiexec, remote=how)
 
 
 def from_lab(lab, n: int) -> tuple[str, str, Remote]:
