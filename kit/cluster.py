@@ -212,7 +212,7 @@ class Cluster:
     @property
     def stall(self) -> "stall.Stall | None":
         """The stall found in this job (see kit.stall), or None."""
-        return self._watch.check() if self._watch is not None else None
+        return self._watch.explain() if self._watch is not None else None
 
     def poll_dead(self) -> dict[int, str]:
         """Check every engine process now; return {rank: what happened} for those that died (first first)."""

@@ -34,19 +34,25 @@ def horovod_env(timeout: float) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------------- on the engines
+WRAPPERS = {"wrapper", "inner", "_fn"}     # decorators around the call (torch.distributed logs its calls)
+COLLECTIVE_FILES = (f"{os.sep}horovod{os.sep}", f"{os.sep}torch{os.sep}distributed{os.sep}")
+
+
 def collective_of(frame) -> tuple[str, object] | None:
-    """Return (tensor name, identity of this call) of the Horovod call `frame`'s stack waits in, else None."""
+    """Return (tensor name, identity of this call) of the Horovod or torch.distributed call `frame`'s stack waits
+    in (the outermost such frame: the user's call), else None."""
     outer, handle = None, None
     while frame is not None:
         code = frame.f_code
-        if f"{os.sep}horovod{os.sep}" in code.co_filename:
+        if any(part in code.co_filename for part in COLLECTIVE_FILES) and code.co_name not in WRAPPERS:
             outer = frame
             if code.co_name == "synchronize":
                 handle = frame.f_locals.get("handle")
         frame = frame.f_back
     if outer is None:
         return None
-    name = outer.f_locals.get("name") or f"{outer.f_code.co_name} (no name)"
+    name = outer.f_locals.get("name")
+    name = name if isinstance(name, str) else f"{outer.f_code.co_name} (no name)"
     return str(name), handle if handle is not None else id(outer)
 
 
@@ -107,8 +113,8 @@ class Stall:
     def message(self) -> str:
         return (f"rank(s) {', '.join(map(str, self.missing))} never joined collective {self.tensor!r}, which "
                 f"rank(s) {', '.join(map(str, self.waiting))} waited in for {self.seconds:.0f} s (a stall: e.g. an "
-                "`if hvd.rank() == 0:` around a collective, or ranks calling different collectives). Horovod "
-                "was shut down on every rank: run cluster.restart() for a fresh job (no kernel restart needed).")
+                "`if hvd.rank() == 0:` around a collective, or ranks calling different collectives). The job is "
+                "broken: run cluster.restart() for a fresh one (no kernel restart needed).")
 
 
 def find_stall(states: dict[int, dict], n: int, timeout: float, now: float) -> Stall | None:
@@ -133,6 +139,7 @@ class Watch:
     def __init__(self, folder: str, n: int, timeout: float, interval: float = 1.0):
         self.folder, self.n, self.timeout, self.interval = folder, n, timeout, interval
         self.stall: Stall | None = None
+        self.suspect: Stall | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="kit-stall-watch")
         self._thread.start()
@@ -150,10 +157,17 @@ class Watch:
     def check(self) -> Stall | None:
         """Look once; on a (first) stall, record it and ask every engine to shut Horovod down."""
         if self.stall is None:
-            self.stall = find_stall(self.states(), self.n, self.timeout, time.time())
+            states = self.states()
+            self.stall = find_stall(states, self.n, self.timeout, time.time())
             if self.stall is not None:
                 open(os.path.join(self.folder, STOP), "w").close()
+            else:   # a stall in the making, for a collective that gives up by itself (torch.distributed)
+                self.suspect = find_stall(states, self.n, self.timeout / 2, time.time()) or self.suspect
         return self.stall
+
+    def explain(self) -> Stall | None:
+        """After a collective failed: the stall found, or the one in the making when it failed (else None)."""
+        return self.check() or self.suspect
 
     def _loop(self):
         while not self._done.wait(self.interval) and self.check() is None:
