@@ -197,8 +197,9 @@ class Cluster:
         while not async_result.ready() and (deadline is None or time.time() < deadline):
             # engines behind a cut link never answer: once some part failed, look for lost ranks
             failed = any(isinstance(self.client.results.get(m), Exception) for m in async_result.msg_ids)
-            if failed and self.poll_dead():
-                raise self._died_error()
+            lost = self.launcher.lost_now(self.slots, after=self.timeout / 2) if self.slots else {}
+            if lost or (failed and self.poll_dead()):
+                raise self._died_error(lost)
             async_result.wait(1.0 if deadline is None else max(0.0, min(1.0, deadline - time.time())))
         try:
             return async_result.get(timeout=0 if deadline is not None else None)
@@ -285,7 +286,9 @@ class Cluster:
     def _new_processes(self) -> dict[int, float]:
         return {p: c for p, c in engines.descendants().items() if p not in self._before}
 
-    def _died_error(self) -> RankDiedError:
+    def _died_error(self, lost=None) -> RankDiedError:
+        for rank, why in (lost or {}).items():
+            self.dead.setdefault(rank, why)
         (first, why), *rest = self.dead.items()
         then = f"; then rank(s) {', '.join(str(r) for r, _ in rest)} went down with it" if rest else ""
         return RankDiedError(f"rank {first} died ({why}){then}. The job is broken: run cluster.restart() for a "

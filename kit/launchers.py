@@ -90,6 +90,10 @@ class Launcher:
         """Return {rank: why} for ranks whose engine lives but cannot be reached (e.g. its host's link is down)."""
         return {}
 
+    def lost_now(self, slots: dict[int, Slot], after: float) -> dict[int, str]:
+        """Return {rank: why} for ranks whose host has not answered for `after` s (cheap; called while waiting)."""
+        return {}
+
     def stop(self):
         """Stop the servers job_env started (idempotent)."""
 
