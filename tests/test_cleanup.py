@@ -7,6 +7,7 @@ import sys
 import tempfile
 
 import pytest
+from ipyparallel import interactive
 
 import kit.cluster as kc
 from kit import scratch
@@ -38,6 +39,7 @@ def test_a_folder_whose_owner_was_sigkilled_is_swept_by_the_next_make():
         scratch.remove(mine)
 
 
+@interactive          # sent by value: the engine cannot import this test module
 def _autograph_files():
     import glob
     import os
