@@ -93,3 +93,20 @@ def test_a_rank_that_never_joins_is_named_within_the_timeout_then_restart_works(
         assert seconds < timeout + 30
         scratch = c._dir
     assert not os.path.exists(scratch)
+
+
+@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
+def test_a_px_cell_with_a_stall_returns_and_says_which_rank_and_what_to_do(no_leaks, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+    shell = InteractiveShell.instance()
+    try:
+        with kc.start(2, "gloo", timeout=10, quiet=True):      # in IPython: %%px targets this job
+            t0 = time.monotonic()
+            result = shell.run_cell("%%px\nimport horovod.torch as hvd, torch\n"
+                                    "if hvd.rank() == 0:\n    hvd.allreduce(torch.ones(4), name='grad.w')\n")
+            seconds = time.monotonic() - t0
+            assert result.error_in_exec is not None and seconds < 10 + 30
+            err = capsys.readouterr().err
+            assert "StallError: rank(s) 1 never joined collective 'grad.w'" in err and "cluster.restart()" in err
+    finally:
+        InteractiveShell.clear_instance()
