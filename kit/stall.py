@@ -34,22 +34,29 @@ def horovod_env(timeout: float) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------------- on the engines
-WRAPPERS = {"wrapper", "inner", "_fn"}     # decorators around the call (torch.distributed logs its calls)
+WRAPPERS = {"wrapper", "inner", "_fn", "<module>"}   # decorators around the call; imports
 COLLECTIVE_FILES = (f"{os.sep}horovod{os.sep}", f"{os.sep}torch{os.sep}distributed{os.sep}")
+# Calls that wait for the other ranks (horovod.torch waits in `synchronize`; horovod.tensorflow in its ops;
+# torch.distributed in its collectives). hvd.init and imports are not counted: ranks reach them at their pace.
+COLLECTIVES = {"synchronize", "_allreduce", "_grouped_allreduce", "allgather", "broadcast", "alltoall",
+               "reducescatter", "barrier", "join", "all_reduce", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "gather", "scatter", "reduce", "all_to_all",
+               "all_to_all_single", "send", "recv"}
 
 
 def collective_of(frame) -> tuple[str, object] | None:
-    """Return (tensor name, identity of this call) of the Horovod or torch.distributed call `frame`'s stack waits
-    in (the outermost such frame: the user's call), else None."""
-    outer, handle = None, None
+    """Return (tensor name, identity of this call) of the Horovod or torch.distributed collective `frame`'s stack
+    waits in, else None. The name is that of the outermost such frame (the user's call)."""
+    outer, handle, waiting = None, None, False
     while frame is not None:
         code = frame.f_code
         if any(part in code.co_filename for part in COLLECTIVE_FILES) and code.co_name not in WRAPPERS:
             outer = frame
+            waiting = waiting or code.co_name in COLLECTIVES
             if code.co_name == "synchronize":
                 handle = frame.f_locals.get("handle")
         frame = frame.f_back
-    if outer is None:
+    if outer is None or not waiting:
         return None
     name = outer.f_locals.get("name")
     name = name if isinstance(name, str) else f"{outer.f_code.co_name} (no name)"

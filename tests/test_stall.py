@@ -110,3 +110,18 @@ def test_a_px_cell_with_a_stall_returns_and_says_which_rank_and_what_to_do(no_le
             assert "StallError: rank(s) 1 never joined collective 'grad.w'" in err and "cluster.restart()" in err
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_only_calls_that_wait_for_other_ranks_count_as_collectives():
+    import types
+
+    def frame_in(path, func, **local):      # what collective_of reads of a frame
+        return types.SimpleNamespace(f_code=types.SimpleNamespace(co_filename=path, co_name=func),
+                                     f_locals=local, f_back=None)
+    hvd = "/venv/site-packages/horovod/torch/mpi_ops.py"
+    sync = frame_in(hvd, "synchronize", handle=7)
+    sync.f_back = frame_in(hvd, "allreduce", name="grad.w")
+    assert stall.collective_of(sync) == ("grad.w", 7)
+    assert stall.collective_of(frame_in("/venv/site-packages/horovod/torch/__init__.py", "init")) is None
+    assert stall.collective_of(frame_in("/venv/site-packages/horovod/tensorflow/__init__.py", "<module>")) is None
+    assert stall.collective_of(frame_in("/work/kit/engines.py", "all_reduce")) is None
