@@ -84,8 +84,9 @@ def in_ipython() -> bool:
 def install_ipython_hook(explain):
     """Call explain(shell, etype, value, tb, tb_offset) when a %%px cell fails (an engine raised or died)."""
     from IPython import get_ipython
-    from ipyparallel.error import CompositeError, EngineError
-    get_ipython().set_custom_exc((CompositeError, EngineError), explain)
+    from ipyparallel.error import EngineError, RemoteError
+    # RemoteError: CompositeError (view.apply) and AlreadyDisplayedError (what %%px raises after streaming)
+    get_ipython().set_custom_exc((RemoteError, EngineError), explain)
 
 
 def descendants() -> dict[int, float]:
