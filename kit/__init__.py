@@ -15,7 +15,8 @@ _env.use_legacy_keras()
 __version__ = "0.1.0"
 _SUBMODULES = ("env", "cluster", "launchers", "engines", "datasets", "sysinfo", "data", "data_tf", "monitor",
                "profiler", "ps", "mlp", "ps_bench", "link", "costmodel", "ring", "ring_sim", "ring_bench", "bench",
-               "plots", "plots_data", "mnist", "checkpoint", "timeline", "netlab", "netlab_ssh", "netlab_rate", "remote")
+               "plots", "plots_data", "mnist", "checkpoint", "timeline", "netlab", "netlab_ssh", "netlab_rate",
+               "remote", "stall", "scratch", "devices")
 
 
 def __getattr__(name):

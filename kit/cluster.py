@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import sys
-import tempfile
 import time
 
-from . import engines, launchers, remote  # noqa: F401 (kit.cluster.launchers)
+from . import engines, launchers, remote, scratch, stall  # noqa: F401 (kit.cluster.launchers)
 from . import env as kit_env
 from . import sysinfo
 from .launchers import (LAUNCHERS, LOCALHOST, ClusterError, Slot, assign_slots, gloo_env,  # noqa: F401
                         launcher)
+from .devices import DEVICES, plan_devices  # noqa: F401 (kit.cluster.plan_devices)
+from .remote import parse_hosts  # noqa: F401 (kit.cluster.parse_hosts)
 
 BACKENDS = tuple(LAUNCHERS)
-DEVICES = ("auto", "cpu", "gpu")
 DEFAULT_TIMEOUT = 60.0
 
 
@@ -33,8 +32,13 @@ class RankDiedError(ClusterError):
     """An engine died while the job was running."""
 
 
-def engine_env(slot: Slot, *, gpus: list[str], threads: int, timeout: float) -> dict[str, str]:
-    """Return the environment one engine needs before it imports any framework."""
+class StallError(ClusterError):
+    """Some rank never joined a collective that the others waited in (kit.stall)."""
+
+
+def engine_env(slot: Slot, *, gpus: list[str], threads: int, timeout: float, folder: str = "") -> dict[str, str]:
+    """Return the environment one engine needs before it imports any framework (folder: the cluster's scratch
+    folder, where its TMPDIR and stall watch live)."""
     env = {
         "KIT_RANK": slot.rank, "KIT_SIZE": slot.size, "KIT_LOCAL_RANK": slot.local_rank,
         "KIT_LOCAL_SIZE": slot.local_size, "KIT_TIMEOUT": int(timeout), "PYTHONUNBUFFERED": 1,
@@ -45,47 +49,11 @@ def engine_env(slot: Slot, *, gpus: list[str], threads: int, timeout: float) -> 
         # engine that GPU is device 0. No GPUs in the plan: the engine sees none and runs on the CPU.
         "CUDA_VISIBLE_DEVICES": gpus[slot.local_rank % len(gpus)] if gpus else "",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": int(timeout),
+        **stall.horovod_env(timeout),
     }
+    if folder:
+        env.update(TMPDIR=os.path.join(folder, "tmp"), KIT_STALL_DIR=os.path.join(folder, "stall"))
     return {k: str(v) for k, v in env.items()}
-
-
-def plan_devices(gpus: list[str], local_size: int, devices: str = "auto",
-                 share_gpus: bool = False) -> tuple[list[str], str]:
-    """Return (the GPU ids handed out by local rank, [] = CPU only; a one-line notice or "").
-
-    devices="cpu": no GPU for any engine (CPU work runs with any number of engines on a GPU host).
-    devices="gpu": one GPU per local rank; too few GPUs is an error unless share_gpus (engines then share them).
-    devices="auto": as "gpu" when there are enough GPUs (or share_gpus), else CPU with a notice.
-    """
-    if devices not in DEVICES:
-        raise ValueError(f"devices must be one of {', '.join(map(repr, DEVICES))}, got {devices!r}")
-    gpus = list(gpus)
-    enough = len(gpus) >= local_size or (gpus and share_gpus)
-    if devices == "cpu" or (devices == "auto" and not gpus):
-        return [], ""
-    if devices == "gpu" and not gpus:
-        raise ClusterError("devices='gpu' but no GPU is visible here: use devices='cpu' (or 'auto') for CPU work")
-    if enough:
-        return gpus, ""
-    if devices == "gpu":
-        raise ClusterError(f"{local_size} engines per host but only {len(gpus)} GPU(s) visible: start at most "
-                           f"{len(gpus)} engines, or pass share_gpus=True to put several engines on one GPU")
-    return [], (f"kit.cluster: {local_size} engines per host but {len(gpus)} GPU(s): the engines run on the CPU "
-                "(devices='gpu', share_gpus=True puts several engines on one GPU)")
-
-
-def parse_hosts(hosts: str, n: int, ip: str) -> dict[str, int]:
-    """Parse horovodrun's "server1:4,server2:4" into {host: slots}; check it adds up to n."""
-    try:
-        out = {h: int(k) for h, k in (part.rsplit(":", 1) for part in hosts.split(","))}
-    except ValueError:
-        raise ValueError(f"hosts={hosts!r}: write it as horovodrun does, e.g. 'server1:4,server2:4'") from None
-    if sum(out.values()) != n:
-        raise ValueError(f"hosts={hosts!r} has {sum(out.values())} slots but n={n}")
-    if ip == LOCALHOST:
-        raise ValueError("several hosts need ip= an address of this machine that they can reach "
-                         "(servers then listen there instead of 127.0.0.1)")
-    return out
 
 
 def _check_args(n, backend, timeout):
@@ -103,14 +71,10 @@ class Cluster:
     def __init__(self, n=2, backend="gloo", *, timeout=DEFAULT_TIMEOUT, devices="auto", share_gpus=False,
                  threads=None, mpiexec=None, hosts=None, ip=LOCALHOST, quiet=False):
         _check_args(n, backend, timeout)
-        how = None
-        if hosts is not None and not isinstance(hosts, str):   # a kit.netlab lab: n // hosts engines on each
-            hosts, ip, how = remote.from_lab(hosts, n)
-        self.hosts = parse_hosts(hosts, n, ip) if hosts else None
-        if self.hosts:   # engines on other hosts, over SSH (kit.remote)
-            self.launcher = remote.REMOTE_LAUNCHERS[backend](hosts=self.hosts, ip=ip, mpiexec=mpiexec, remote=how)
-        else:
-            self.launcher = launcher(backend, hosts=self.hosts, ip=ip, mpiexec=mpiexec)
+        if hosts is None:
+            self.hosts, self.launcher = None, launcher(backend, ip=ip, mpiexec=mpiexec)
+        else:            # engines on other hosts, over SSH: "server1:4,server2:4" or a kit.netlab lab
+            self.hosts, ip, self.launcher = remote.launcher_for(backend, hosts, n, ip, mpiexec)
         self.launcher.check()
         if not self.hosts:  # all n engines on this host: fail before starting anything
             plan_devices(sysinfo.visible_gpus(), n, devices, share_gpus)
@@ -119,7 +83,7 @@ class Cluster:
         self.client = self.view = self.slots = None
         self.gpus: list[str] = []        # the GPU ids handed out by local rank ([] = engines run on the CPU)
         self.dead: dict[int, str] = {}   # rank -> how it died (see poll_dead), first death first
-        self._ipp = self._profile = None
+        self._ipp = self._profile = self._dir = self._watch = None
         self._procs: dict[int, float] = {}
         self._pids: dict[int, int] = {}
         self._stop_w = None
@@ -149,10 +113,12 @@ class Cluster:
         _LIVE.add(self)
         t0 = time.time()
         try:
-            self._profile = tempfile.mkdtemp(prefix="kit-ipp-")
+            self._dir = scratch.make("cluster")   # profile, engines' TMPDIR, stall watch: removed on stop
+            self._profile = os.path.join(self._dir, "profile")
             self._ipp = ipp.Cluster(n=self.n, profile_dir=self._profile, controller_ip=self.ip,
                                     engine_timeout=int(max(60, self.timeout)), log_level=40, parent=None)
             self.launcher.configure(self._ipp)
+            launchers.set_tmpdir(self._ipp.config, os.path.join(self._dir, "tmp"))
             self._ipp.start_cluster_sync(n=self.n)
             self.client = self._ipp.connect_client_sync()
             self.client.wait_for_engines(self.n, timeout=max(60, self.timeout), interactive=False)
@@ -160,6 +126,7 @@ class Cluster:
             self._procs = self._new_processes()
             self._watch_engines()
             self._check_horovod()
+            self._watch = stall.Watch(os.path.join(self._dir, "stall"), self.n, self.timeout)
         except BaseException:
             self.stop()
             raise
@@ -180,6 +147,8 @@ class Cluster:
                 pass
             os.close(self._stop_w)
             self._stop_w = None
+        if self._watch is not None:
+            self._watch.stop()
         procs = dict(self._procs) or self._new_processes()  # start may have failed half-way
         if self.client is not None:
             try:
@@ -194,9 +163,8 @@ class Cluster:
         # stop_cluster_sync() can return before every engine has exited (or leave mpiexec's children): reap.
         engines.reap(procs)
         self.launcher.stop()
-        if self._profile:
-            shutil.rmtree(self._profile, ignore_errors=True)
-        self.client = self.view = None
+        scratch.remove(self._dir)
+        self.client = self.view = self._watch = None
 
     def restart(self) -> "Cluster":
         """Stop everything and start a fresh job with the same settings (no kernel restart needed)."""
@@ -222,21 +190,30 @@ class Cluster:
         return ranks
 
     def wait(self, async_result, timeout: float | None = None):
-        """Return an AsyncResult's value; if an engine died (or its host is cut off), raise RankDiedError naming it."""
+        """Return an AsyncResult's value; if an engine died (or its host is cut off), raise RankDiedError naming it;
+        if a rank never joined a collective the others wait in, StallError naming it (after `self.timeout`)."""
         from ipyparallel.error import CompositeError, EngineError
         deadline = None if timeout is None else time.time() + timeout
         while not async_result.ready() and (deadline is None or time.time() < deadline):
             # engines behind a cut link never answer: once some part failed, look for lost ranks
             failed = any(isinstance(self.client.results.get(m), Exception) for m in async_result.msg_ids)
-            if failed and self.poll_dead():
-                raise self._died_error()
+            lost = self.launcher.lost_now(self.slots, after=self.timeout / 2) if self.slots else {}
+            if lost or (failed and self.poll_dead()):
+                raise self._died_error(lost)
             async_result.wait(1.0 if deadline is None else max(0.0, min(1.0, deadline - time.time())))
         try:
             return async_result.get(timeout=0 if deadline is not None else None)
         except (CompositeError, EngineError) as e:
             if self.poll_dead():
                 raise self._died_error() from e
+            if self.stall is not None:
+                raise StallError(self.stall.message()) from e
             raise
+
+    @property
+    def stall(self) -> "stall.Stall | None":
+        """The stall found in this job (see kit.stall), or None."""
+        return self._watch.explain() if self._watch is not None else None
 
     def poll_dead(self) -> dict[int, str]:
         """Check every engine process now; return {rank: what happened} for those that died (first first)."""
@@ -279,7 +256,7 @@ class Cluster:
         if notice and not self.quiet:
             print(notice)
         self._threads = self.threads or max(1, kit_env.cpu_cores() // local_size)
-        envs = {e: engine_env(s, gpus=self.gpus, threads=self._threads, timeout=self.timeout)
+        envs = {e: engine_env(s, gpus=self.gpus, threads=self._threads, timeout=self.timeout, folder=self._dir)
                 for e, s in self.slots.items()}
         for e, extra in self.launcher.job_env(self.slots).items():
             envs[e].update(extra)
@@ -288,9 +265,9 @@ class Cluster:
             p.get(timeout=self.timeout)
         self.view = self.client[[self.engine_of(r) for r in range(self.n)]]
         self.view.block = True
-        if _in_ipython():
+        if engines.in_ipython():
             self.view.activate()  # %%px / %px now target this job
-            _install_ipython_hook()
+            engines.install_ipython_hook(_explain)
 
     def _check_horovod(self):
         out = self.wait(self.view.apply_async(engines.engine_check_horovod), timeout=max(120, 2 * self.timeout))
@@ -309,7 +286,9 @@ class Cluster:
     def _new_processes(self) -> dict[int, float]:
         return {p: c for p, c in engines.descendants().items() if p not in self._before}
 
-    def _died_error(self) -> RankDiedError:
+    def _died_error(self, lost=None) -> RankDiedError:
+        for rank, why in (lost or {}).items():
+            self.dead.setdefault(rank, why)
         (first, why), *rest = self.dead.items()
         then = f"; then rank(s) {', '.join(str(r) for r, _ in rest)} went down with it" if rest else ""
         return RankDiedError(f"rank {first} died ({why}){then}. The job is broken: run cluster.restart() for a "
@@ -324,28 +303,14 @@ class Cluster:
                 f"{self._threads} thread(s) per engine, started in {seconds:.1f} s")
 
 
-def _install_ipython_hook():
-    """Set up %%px for the job: a cell that failed because an engine died says which rank died and what to do;
-    no progress bar."""
-    from IPython import get_ipython
-    from ipyparallel.error import CompositeError, EngineError
-
-    def explain(shell, etype, value, tb, tb_offset=None):
-        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
-        for c in list(_LIVE):
-            if c.poll_dead():
-                print(f"kit.cluster: {c._died_error()}", file=sys.stderr)
-    get_ipython().set_custom_exc((CompositeError, EngineError), explain)
-    # no "%px: 0%" progress bar (a widget that saved notebooks show frozen); %%px output still streams live
-    get_ipython().run_line_magic("pxconfig", "--progress-after -1")
-
-
-def _in_ipython() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    return get_ipython() is not None
+def _explain(shell, etype, value, tb, tb_offset=None):
+    """After a %%px cell failed: say which rank died or stalled, and what to do."""
+    shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    for c in list(_LIVE):
+        if c.poll_dead():
+            print(f"kit.cluster: {c._died_error()}", file=sys.stderr)
+        elif c.stall is not None:
+            print(f"kit.cluster: StallError: {c.stall.message()}", file=sys.stderr)
 
 
 _LIVE: set[Cluster] = set()   # started and not yet stopped: the kernel's exit stops them

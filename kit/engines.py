@@ -21,13 +21,21 @@ def engine_identity():
 
 
 def engine_setup(env):
-    """Set the job's environment on this engine; refuse if a framework was imported before."""
+    """Set the job's environment on this engine (TMPDIR too); start its stall watch; refuse if a framework was
+    imported before."""
     import os
     import sys
+    import tempfile
     early = [m for m in ("torch", "tensorflow", "horovod") if m in sys.modules]
     if early:
         raise RuntimeError(f"{early} were imported before kit.cluster set this engine up")
     os.environ.update(env)
+    if env.get("TMPDIR"):
+        os.makedirs(env["TMPDIR"], exist_ok=True)
+        tempfile.tempdir = None           # tempfile read TMPDIR already: read it again
+    if env.get("KIT_STALL_DIR"):
+        from kit import stall
+        stall.engine_watch(env["KIT_STALL_DIR"], int(env["KIT_RANK"]))
     from kit.env import quiet_native_stderr
     quiet_native_stderr()   # TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL misses: not under %%px
 
@@ -66,6 +74,25 @@ def engine_init_process_group(init_method, timeout):
 
 
 # ----------------------------------------------------------------------------------- the notebook side
+def in_ipython() -> bool:
+    """Return whether this process is an IPython kernel or shell."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+def install_ipython_hook(explain):
+    """Call explain(shell, etype, value, tb, tb_offset) when a %%px cell fails (an engine raised or died)."""
+    from IPython import get_ipython
+    from ipyparallel.error import EngineError, RemoteError
+    # RemoteError: CompositeError (view.apply) and AlreadyDisplayedError (what %%px raises after streaming)
+    get_ipython().set_custom_exc((RemoteError, EngineError), explain)
+    # no "%px: 0%" progress bar (a widget that saved notebooks show frozen); %%px output still streams live
+    get_ipython().run_line_magic("pxconfig", "--progress-after -1")
+
+
 def descendants() -> dict[int, float]:
     """Return {pid: create time} of every process below this one."""
     import psutil

@@ -53,6 +53,15 @@ def assign_slots(hostnames: dict[int, str]) -> dict[int, Slot]:
     return slots
 
 
+def set_tmpdir(config, tmp: str):
+    """Give every process ipyparallel starts (controller, engines, mpiexec) TMPDIR=tmp (made here)."""
+    os.makedirs(tmp, exist_ok=True)
+    config.BaseLauncher.environment = {"TMPDIR": tmp}
+    for section in list(config.values()):
+        if hasattr(section, "get") and isinstance(section.get("environment"), dict):
+            section.environment = {**section.environment, "TMPDIR": tmp}
+
+
 class Launcher:
     """One way of starting engines. The base class starts them as plain local processes."""
     name = ""
@@ -79,6 +88,10 @@ class Launcher:
 
     def lost_ranks(self, slots: dict[int, Slot]) -> dict[int, str]:
         """Return {rank: why} for ranks whose engine lives but cannot be reached (e.g. its host's link is down)."""
+        return {}
+
+    def lost_now(self, slots: dict[int, Slot], after: float) -> dict[int, str]:
+        """Return {rank: why} for ranks whose host has not answered for `after` s (cheap; called while waiting)."""
         return {}
 
     def stop(self):

@@ -18,11 +18,12 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import engines
-from .launchers import ClusterError, GlooLauncher, MPILauncher, gloo_env
+from .launchers import LOCALHOST, ClusterError, GlooLauncher, MPILauncher, gloo_env
 
 KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IPP_VARS = ("IPP_CONNECTION_INFO", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR")
@@ -53,6 +54,32 @@ class Remote:
             return subprocess.CompletedProcess(cmd, 255, "", f"no answer within {timeout:.0f} s")
 
 
+def parse_hosts(hosts: str, n: int, ip: str) -> dict[str, int]:
+    """Parse horovodrun's "server1:4,server2:4" into {host: slots}; check it adds up to n."""
+    try:
+        out = {h: int(k) for h, k in (part.rsplit(":", 1) for part in hosts.split(","))}
+    except ValueError:
+        raise ValueError(f"hosts={hosts!r}: write it as horovodrun does, e.g. 'server1:4,server2:4'") from None
+    if sum(out.values()) != n:
+        raise ValueError(f"hosts={hosts!r} has {sum(out.values())} slots but n={n}")
+    if ip == LOCALHOST:
+        raise ValueError("several hosts need ip= an address of this machine that they can reach "
+                         "(servers then listen there instead of 127.0.0.1)")
+    return out
+
+
+
+
+def launcher_for(backend: str, hosts, n: int, ip: str, mpiexec: str | None):
+    """Return ({host: slots}, the address servers bind, the launcher) for engines on `hosts`: horovodrun's
+    "server1:4,server2:4" (with ip=), or a kit.netlab lab (n // len(lab.hosts) engines on each host)."""
+    how = None
+    if not isinstance(hosts, str):
+        hosts, ip, how = from_lab(hosts, n)
+    slots = parse_hosts(hosts, n, ip)
+    return slots, ip, REMOTE_LAUNCHERS[backend](hosts=slots, ip=ip, mpiexec=mpiexec, remote=how)
+
+
 def from_lab(lab, n: int) -> tuple[str, str, Remote]:
     """Return (hosts "h1:2,h2:2", the address servers bind, how to reach the hosts) for n engines on a lab."""
     k, extra = divmod(n, len(lab.hosts))
@@ -71,6 +98,25 @@ def check_hosts(remote: Remote, hosts) -> dict[str, str]:
         answers = dict(zip(hosts, pool.map(lambda h: remote.run(h, "true", timeout=20), hosts)))
     return {h: (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
             for h, p in answers.items() if p.returncode}
+
+
+def ssh_address(remote: Remote, host: str) -> tuple[str, int]:
+    """Return the (address, port) ssh connects to for `host`, per its configuration (`ssh -G`, no connection)."""
+    cache = remote.__dict__.setdefault("_addresses", {})
+    if host not in cache:
+        out = subprocess.run([*remote.ssh, "-G", host], capture_output=True, text=True, timeout=10).stdout
+        conf = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+        cache[host] = (conf.get("hostname", host), int(conf.get("port", 22)))
+    return cache[host]
+
+
+def _answers(addr: str, port: int, timeout: float = 2.0) -> bool:
+    import socket
+    try:
+        socket.create_connection((addr, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def route_iface(remote: Remote, host: str, addr: str) -> str:
@@ -98,6 +144,7 @@ class _RemoteMixin:
     """What both remote launchers share: the SSH check, rank order by host, lost hosts, clean-up."""
     remote: Remote
     profile_dir = None
+    _down_since: dict[str, float] | None = None      # host -> when it first did not answer (see lost_now)
 
     def check(self):
         super().check()
@@ -111,6 +158,25 @@ class _RemoteMixin:
         return sorted(info, key=lambda e: (order.index(info[e]["host"]) if info[e]["host"] in order else
                                            len(order), e))
 
+    def lost_now(self, slots, after: float, every: float = 3.0) -> dict[int, str]:
+        """Every `every` s, try a TCP connection to each host's SSH port (2 s at most, in parallel); return the
+        ranks of hosts that have not answered for `after` s: a cut link is named without waiting for Gloo."""
+        now = time.monotonic()
+        if now < getattr(self, "_next_probe", 0):
+            return {}
+        self._next_probe, self._down_since = now + every, self._down_since or {}
+        hosts = sorted({s.hostname for s in slots.values()})
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            up = dict(zip(hosts, pool.map(lambda h: _answers(*ssh_address(self.remote, h)), hosts)))
+        for h in hosts:
+            if up[h]:
+                self._down_since.pop(h, None)
+            else:
+                self._down_since.setdefault(h, now)
+        lost = {h: now - t for h, t in self._down_since.items() if now - t >= after}
+        return {s.rank: f"host {s.hostname} unreachable: its SSH port has not answered for {lost[s.hostname]:.0f} s"
+                for s in slots.values() if s.hostname in lost}
+
     def lost_ranks(self, slots) -> dict[int, str]:
         down = check_hosts(self.remote, sorted({s.hostname for s in slots.values()}))
         return {s.rank: f"host {s.hostname} unreachable: {down[s.hostname]}"
@@ -118,6 +184,7 @@ class _RemoteMixin:
 
     def stop(self):
         super().stop()
+        self._down_since, self._next_probe = {}, 0
         if self.profile_dir:       # engines this cluster started that are still up (e.g. behind a cut link)
             engines.reap(_processes_mentioning(self.profile_dir))
 

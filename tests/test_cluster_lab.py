@@ -188,10 +188,11 @@ def test_cut_link_names_the_lost_host_then_restart_works(cluster, lab):
         print(f"\ncut h2: error after {seconds:.1f} s (cluster timeout {TIMEOUT} s): {err.value}")
         assert "h2" in str(err.value) and "unreachable" in str(err.value)
         assert "rank 2" in str(err.value) and "3" in str(err.value)
-        assert seconds < 3 * TIMEOUT
-        # each engine's own error: the survivors' (ranks 0, 1 on h1) calls raised Horovod's error
+        assert seconds < TIMEOUT + 5                       # the hosts' SSH ports are probed while waiting
+        # each engine's own error: the survivors' (ranks 0, 1 on h1) calls raised Horovod's error (Gloo's timeout)
         cause = err.value.__cause__
         if cause is None:                                  # raised before every reply was in
+            ar.wait(3 * TIMEOUT)
             try:
                 ar.get(timeout=0)
             except Exception as e:
@@ -205,7 +206,7 @@ def test_cut_link_names_the_lost_host_then_restart_works(cluster, lab):
     assert cluster.wait(cluster.view.apply_async(allreduce_many, 20), timeout=300) == [20] * 4
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(400)   # backend="mpi" first probes Horovod's build (imports torch and TF): slow under load
 def test_dead_sshd_before_start_is_a_clear_error_and_starts_nothing():
     with netlab.start(hosts=2) as lab2:
         lab2._sshd["h2"].kill()

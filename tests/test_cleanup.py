@@ -1,0 +1,66 @@
+"""Clean temp (issue 15, point 4): each cluster writes under its own scratch folder, removed on stop, swept after
+its owner was SIGKILLed; TensorFlow's autograph files from the engines land there too."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from ipyparallel import interactive
+
+import kit.cluster as kc
+from kit import scratch
+
+
+def test_scratch_folders_live_under_one_kit_folder_in_the_system_temp_dir():
+    path = scratch.make("probe")
+    try:
+        assert os.path.dirname(path) == scratch.root()
+        assert os.path.dirname(scratch.root()) == tempfile.gettempdir()
+        assert os.path.basename(path).startswith(f"probe-{os.getpid()}-")
+    finally:
+        scratch.remove(path)
+    assert not os.path.exists(path)
+
+
+def test_a_folder_whose_owner_was_sigkilled_is_swept_by_the_next_make():
+    code = "import os, signal, kit.scratch as s; p = s.make('cluster'); print(p, flush=True); " \
+           "open(os.path.join(p, 'left.txt'), 'w').close(); os.kill(os.getpid(), signal.SIGKILL)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == -signal.SIGKILL
+    left = out.stdout.strip()
+    assert os.path.exists(os.path.join(left, "left.txt"))     # the owner died: nothing removed it
+    mine = scratch.make("cluster")
+    try:
+        assert not os.path.exists(left)                       # the next make swept it
+        assert os.path.exists(mine)                           # and kept its own
+    finally:
+        scratch.remove(mine)
+
+
+@interactive          # sent by value: the engine cannot import this test module
+def _autograph_files():
+    import glob
+    import os
+    import tempfile
+    import tensorflow as tf
+
+    @tf.function
+    def absolute(x):
+        if x > 0:          # autograph converts this `if`: it writes a generated file
+            return x
+        return -x
+    absolute(tf.constant(-1.0))
+    tmp = tempfile.gettempdir()
+    return tmp, os.environ.get("TMPDIR"), glob.glob(os.path.join(tmp, "__autograph_generated_file*"))
+
+
+@pytest.mark.timeout(600)   # starts an engine that imports TensorFlow: minutes on a busy 2-core machine
+def test_engines_temp_files_land_in_the_clusters_folder_and_go_with_it(no_leaks):
+    with kc.start(1, "gloo", quiet=True) as c:
+        folder = c._dir
+        (tmp, env_tmp, files), = c.view.apply_sync(_autograph_files)
+        assert tmp == env_tmp == os.path.join(folder, "tmp")
+        assert files and all(f.startswith(tmp) for f in files)
+    assert not os.path.exists(folder)
