@@ -172,19 +172,22 @@ def test_killed_run_resumes_from_last_checkpoint_and_skips_a_corrupt_one(tmp_pat
 
 
 # ----------------------------------------------------------------------------------- GPU pinning (notebook 04)
-NOTEBOOK = REPO / "notebooks" / "04_horovod_keras_mnist.ipynb"
+# notebook 04 and its appendix (the PyTorch section and the 1-vs-N throughput pairs live in 04a)
+NOTEBOOKS = [REPO / "notebooks" / "04_horovod_keras_mnist.ipynb",
+             REPO / "notebooks" / "appendix" / "04a_horovod_timeline_scaling.ipynb"]
 
 
 def code_cell(marker: str) -> str:
-    """Return the code of notebook 04's one code cell that contains `marker`."""
-    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    """Return the code of the one code cell of notebook 04 or its appendix 04a that contains `marker`."""
+    cells = ["".join(c["source"]) for nb in NOTEBOOKS for c in json.loads(nb.read_text())["cells"]
+             if c["cell_type"] == "code"]
     found = [c for c in cells if marker in c]
     assert len(found) == 1, f"expected one cell with {marker!r}, found {len(found)}"
     return found[0]
 
 
 def px_cell(marker: str) -> str:
-    """Return the code of notebook 04's %%px cell that contains `marker`, as the engines run it."""
+    """Return the code of notebook 04's (or 04a's) %%px cell that contains `marker`, as the engines run it."""
     return code_cell(marker).removeprefix("%%px\n")
 
 
