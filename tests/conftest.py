@@ -1,13 +1,24 @@
 """Shared fixtures: every test that starts processes must leave none behind; the suite leaves no temp files."""
-import atexit
 import os
+import shutil
 import tempfile
 import time
 
 import psutil
 import pytest
 
-import kit  # noqa: F401  (sets the framework environment, TF_USE_LEGACY_KERAS=1, before any test imports TF)
+# ------------------------------------------------------------------ the suite's own temp dir
+# Every process the suite starts (nbval's kernels, engines, labs, servers) inherits TMPDIR: one folder for the
+# session, removed at its end. Notebook kernels are killed by nbval, so TensorFlow's exit handler never removes
+# their __autograph_generated_file*.py; this keeps them (and anything else a killed process leaves) out of the
+# system temp dir. What escapes it (a hard-coded /tmp path) is still caught by the check below; the kit's own
+# clean-up (one scratch folder per cluster, swept after SIGKILL) is tested directly in tests/test_cleanup.py.
+SYSTEM_TMP = tempfile.gettempdir()
+SESSION_TMP = tempfile.mkdtemp(prefix="kit-test-session-", dir=SYSTEM_TMP)
+os.environ["TMPDIR"] = SESSION_TMP
+tempfile.tempdir = SESSION_TMP
+
+import kit  # noqa: E402,F401  (sets the framework environment, TF_USE_LEGACY_KERAS=1, before any test imports TF)
 
 
 def descendants() -> set[int]:
@@ -47,7 +58,6 @@ def pytest_collection_modifyitems(items):
 
 
 # ------------------------------------------------------------------ nothing left in the system temp dir
-SYSTEM_TMP = tempfile.gettempdir()
 _TMP_BEFORE: set[str] = set()
 
 
@@ -57,15 +67,17 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    """Fail the run if the system temp dir holds anything new after the suite (listed by name).
+    """Remove the session's temp dir; fail the run if the system temp dir holds anything new (listed by name).
 
-    This process's own exit handlers (TensorFlow removes its autograph files, the kit stops what is still
-    running) are run first, as they would be when pytest exits. Another program writing to the same temp dir
-    meanwhile shows up here too: run the check alone (CI does)."""
+    Another program writing to the same temp dir meanwhile shows up here too: run the check alone (CI does), or
+    set KIT_SKIP_TMP_CHECK=1 on a shared machine."""
+    left = sum(len(files) + len(dirs) for _, dirs, files in os.walk(SESSION_TMP))
+    shutil.rmtree(SESSION_TMP, ignore_errors=True)
+    session.config.get_terminal_writer().line(f"\nremoved the suite's temp dir ({left} entries left in it)")
     if os.environ.get("KIT_SKIP_TMP_CHECK") or not _TMP_BEFORE:
         return
-    atexit._run_exitfuncs()
-    new = sorted(n for n in set(os.listdir(SYSTEM_TMP)) - _TMP_BEFORE if not n.startswith("pytest-of-"))
+    new = sorted(n for n in set(os.listdir(SYSTEM_TMP)) - _TMP_BEFORE
+                 if not n.startswith("pytest-of-") and os.path.join(SYSTEM_TMP, n) != SESSION_TMP)
     if new:
         session.config.get_terminal_writer().line(
             f"\nleft in {SYSTEM_TMP} by the test suite ({len(new)}): " + ", ".join(new[:40]), red=True)
