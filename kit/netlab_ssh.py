@@ -57,6 +57,7 @@ def make_keys(lab):
 """)
     os.makedirs(os.path.join(d, "bin"), mode=0o700)
     os.makedirs(os.path.join(d, "home"), mode=0o700)
+    os.makedirs(os.path.join(d, "tmp"), mode=0o700)         # the hosts' TMPDIR: a killed rank's files go with the lab
     wrapper = os.path.join(d, "bin", "ssh")
     _write(wrapper, f'#!/bin/sh\nexec {shutil.which("ssh")} -F {lab.ssh_config} "$@"\n')
     os.chmod(wrapper, 0o700)
@@ -116,9 +117,10 @@ LAUNCH_VARS = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "KIT_DATA_DIR")
 
 
 def launch_env(lab, **extra) -> dict[str, str]:
-    """Return the variables a launcher on a lab host needs: the lab's ssh and the venv first on PATH, a lab HOME."""
+    """Return the variables a launcher on a lab host needs: the lab's ssh and the venv first on PATH, a lab HOME and
+    TMPDIR (an SSH login starts with neither: TensorFlow's autograph files of a killed rank would stay in /tmp)."""
     env = {"PATH": f"{lab.dir}/bin:{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
-           "HOME": f"{lab.dir}/home", **MPI_ENV, **FRAMEWORK_ENV, "PYTHONUNBUFFERED": "1"}
+           "HOME": f"{lab.dir}/home", "TMPDIR": f"{lab.dir}/tmp", **MPI_ENV, **FRAMEWORK_ENV, "PYTHONUNBUFFERED": "1"}
     env.update({k: os.environ[k] for k in LAUNCH_VARS if k in os.environ})
     env.update({k: str(v) for k, v in extra.items()})
     return env

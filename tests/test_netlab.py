@@ -107,6 +107,10 @@ def test_life_cycle_hosts_names_ssh_and_nothing_left(no_leaks):
         # the lab's own names resolve on every host, and a host reaches another with the lab's ssh
         assert lab.ssh("h1", "getent hosts h3").stdout.split()[0] == lab.addr_of("h3")
         assert lab.ssh("h1", f"PATH={lab.dir}/bin:$PATH ssh h2 hostname").stdout.strip() == "h2"
+        # what a launcher starts there writes its temp files (a killed rank's autograph files) into the lab's folder
+        p = lab.launch("h2", [sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                       stdout=subprocess.PIPE, text=True)
+        assert p.communicate(timeout=60)[0].strip() == os.path.join(lab.dir, "tmp")
         for name in ("userkey", "hostkey", "authorized_keys", "known_hosts", "ssh_config"):
             assert os.stat(os.path.join(lab.dir, name)).st_mode & 0o777 == 0o600, name
         assert all(Path(f"/etc/netns/{lab.ns(h)}/hosts").exists() for h in lab.hosts)
