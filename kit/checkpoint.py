@@ -29,6 +29,26 @@ def optimizer_variables(opt) -> list:
     return list(v() if callable(v) else v)
 
 
+class CheckpointError(OSError):
+    """The checkpoint folder cannot be written; the message names it and what to do."""
+
+
+def check_writable(ckpt_dir) -> Path:
+    """Make `ckpt_dir` if needed and write a probe file there; raise CheckpointError if that fails.
+
+    Called before training, so that a wrong folder costs seconds, not the first epoch."""
+    d = Path(ckpt_dir)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint folder {d} cannot be written ({type(e).__name__}: {e.strerror or e}): "
+                              "choose a folder you can write, e.g. one under your home directory") from None
+    return d
+
+
 def save_checkpoint(ckpt_dir, epoch: int, model, keep: int = 3) -> Path:
     """Write weights + optimizer state after `epoch` epochs atomically (temp file + rename); keep the last few."""
     d = Path(ckpt_dir)
@@ -107,7 +127,10 @@ def resume(model, ckpt_dir, hvd) -> int:
 
 
 def checkpoint_callback(ckpt_dir, keep: int = 3):
-    """Return a Keras callback that saves an atomic checkpoint at the end of every epoch (use on rank 0 only)."""
+    """Return a Keras callback that saves an atomic checkpoint at the end of every epoch (use on rank 0 only).
+
+    Raises CheckpointError at once if `ckpt_dir` cannot be written."""
+    check_writable(ckpt_dir)
     class CheckpointCallback(_keras().callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             save_checkpoint(ckpt_dir, epoch + 1, self.model, keep)

@@ -113,6 +113,10 @@ def load(name: str = "auto", *, download: bool = True, verbose: bool = True) -> 
     """Load `name` (auto, mnist, fashion_mnist, digits); 'auto' takes the first available in that order."""
     if name not in NAMES:
         raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(NAMES)}")
+    given = os.environ.get("KIT_DATA_DIR")
+    if given and name != "digits" and not Path(given).is_dir():   # a typo must not quietly become "digits"
+        raise DatasetError(f"KIT_DATA_DIR={given} is not a folder: create it and put mnist.npz (or mnist/, "
+                           "fashion-mnist/ with the IDX .gz files) there, or unset KIT_DATA_DIR")
     ds = None
     if name in ("auto", "mnist"):
         ds = _find_mnist(download)

@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from . import env, plots_data, timeline
-from .checkpoint import (CKPT_RE, checkpoint_callback, latest_good_checkpoint, list_checkpoints,  # noqa: F401
-                         load_checkpoint, optimizer_variables, restore, resume, save_checkpoint)
+from .checkpoint import (CKPT_RE, CheckpointError, check_writable, checkpoint_callback,  # noqa: F401
+                         latest_good_checkpoint, list_checkpoints, load_checkpoint, optimizer_variables, restore,
+                         resume, save_checkpoint)
 from .env import pin_to_core  # noqa: F401  (kit.env is its home; notebook 04 calls mnist.pin_to_core)
 from .launchers import MPI_ENV
 from .plots_data import plot_history, plot_throughput, plot_timeline  # noqa: F401  (notebook 04: mnist.plot_*)

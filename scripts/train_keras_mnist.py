@@ -46,7 +46,7 @@ def main(argv=None):
         os.environ["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
     tf = mnist.import_tf_quietly()                        # import tensorflow, minus its C++ start-up log lines
     import horovod.tensorflow.keras as hvd
-    from horovod.tensorflow import allgather_object
+    from horovod.tensorflow import allgather_object, broadcast_object
 
     # Horovod (1): start Horovod; every process learns its rank and the job's size.
     hvd.init()
@@ -57,6 +57,16 @@ def main(argv=None):
     if gpus:
         tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
     root = hvd.rank() == 0
+    if args.checkpoint_dir:          # rank 0 writes there: check now, and let every rank stop with its answer
+        problem = None
+        if root:
+            try:
+                mnist.check_writable(args.checkpoint_dir)
+            except mnist.CheckpointError as e:
+                problem = str(e)
+        problem = broadcast_object(problem, root_rank=0, name="checkpoint_dir_check")
+        if problem:
+            raise SystemExit(f"train_keras_mnist: {problem}" if root else 1)
 
     if args.synthetic_steps:
         result = mnist.synthetic_throughput(hvd, steps=args.synthetic_steps, batch=args.batch_size)

@@ -1,8 +1,15 @@
-"""Bad input: each a clear error that says what to do, and nothing left running (issue 15, point 6)."""
+"""Bad input: each a clear error that says what to do, and nothing left running (issue 15, point 6): hosts=
+strings, unreachable hosts, an unwritable checkpoint folder, a data folder that does not exist. (A loader
+worker that raises: tests/test_data_loading.py.)"""
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import kit.cluster as kc
 from conftest import descendants
+from kit import datasets, mnist
 
 
 @pytest.mark.parametrize("hosts, match", [
@@ -28,3 +35,38 @@ def test_a_host_that_cannot_be_reached_is_named_and_nothing_starts(no_leaks, hos
     with pytest.raises(kc.ClusterError, match=r"cannot reach " + why + r".*Nothing was started"):
         kc.start(2, backend, hosts=f"{host}:2", ip="198.18.0.1", quiet=True)
     assert descendants() == before
+
+
+# ----------------------------------------------------------------------------------- checkpoints and data sets
+def test_unwritable_checkpoint_folder_is_refused_before_training(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    for bad in (blocker / "ckpt", blocker):      # a path below a file, a file: unwritable for root as well
+        with pytest.raises(mnist.CheckpointError, match=rf"checkpoint folder {bad} cannot be written .*choose a"):
+            mnist.checkpoint_callback(bad)       # at once, not at the end of the first epoch
+    assert blocker.read_text() == "not a folder"
+    good = tmp_path / "new" / "ckpt"
+    assert mnist.check_writable(good) == good and good.is_dir() and not list(good.iterdir())
+
+
+@pytest.mark.timeout(400)   # a horovodrun job: imports TF on 2 ranks, slow on a busy 2-core machine
+def test_script_with_unwritable_checkpoint_folder_stops_every_rank_with_the_reason(tmp_path, no_leaks):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "train_keras_mnist.py"
+    cmd = [str(Path(sys.executable).parent / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2",
+           sys.executable, str(script), "--dataset", "digits", "--train-samples", "256", "--epochs", "1",
+           "--checkpoint-dir", str(blocker / "ckpt")]
+    p = subprocess.run(cmd, env=mnist.launch_env(), capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and f"checkpoint folder {blocker / 'ckpt'} cannot be written" in out, out[-3000:]
+    assert "training on" not in out, "training started before the checkpoint folder was checked"
+
+
+def test_data_folder_that_does_not_exist_is_named(tmp_path, monkeypatch):
+    missing = tmp_path / "no-such-folder"
+    monkeypatch.setenv("KIT_DATA_DIR", str(missing))
+    for name in ("auto", "mnist", "fashion_mnist"):     # "auto" must not quietly fall back to digits
+        with pytest.raises(datasets.DatasetError, match=rf"KIT_DATA_DIR={missing} is not a folder: create it"):
+            datasets.load(name, download=False, verbose=False)
+    assert datasets.load("digits", verbose=False).name == "digits"      # asked for by name: needs no folder
