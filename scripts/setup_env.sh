@@ -55,7 +55,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ${#ui_pkgs[@]} -gt 0
 fi
 
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.kit-stamp" 2>/dev/null)" = "$stamp" ]; then
-  say "$VENV is up to date (PyTorch: $want build)"
+  say "$VENV is up to date (PyTorch: $(cat "$VENV/.kit-torch" 2>/dev/null || echo "$want build"))"
   exit 0
 fi
 
@@ -79,20 +79,27 @@ if u.find_spec("torch"):
     print(torch.__version__, "cuda" if torch.version.cuda else "cpu")
 PY
 )
-if [ -n "$installed" ] && [ "${installed#* }" != "$want" ]; then
+cpu_index_ok() { "$PY" -c "import urllib.request as r, sys; r.urlopen(sys.argv[1] + '/torch/', timeout=15)" "$TORCH_CPU_INDEX" 2>/dev/null; }
+pip_torch_url() {  # where plain pip would take torch from (a CPU wheel may be on this machine's find-links)
+  "$PY" -m pip install --dry-run --quiet --no-deps --ignore-installed --report - "$torch_pin" 2>/dev/null \
+    | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["install"][0]["download_info"]["url"])' 2>/dev/null || true
+}
+# A fallback CUDA build stays while no CPU build can be had: an update must not download its 2.5 GB again.
+if [ -n "$installed" ] && [ "$want" = cpu ] && [ "${installed#* }" = cuda ] && ! cpu_index_ok \
+   && ! pip_torch_url | grep -qE '%2Bcpu|\+cpu'; then
+  say "keeping the installed PyTorch (${installed% *}, CUDA build): PyTorch's CPU index still cannot be reached"
+elif [ -n "$installed" ] && [ "${installed#* }" != "$want" ]; then
   say "replacing the installed PyTorch (${installed% *}, ${installed#* } build) by the $want build"
   "$PY" -m pip uninstall -y -q torch
   installed=""
 fi
 if [ -z "$installed" ]; then
   if [ "$want" = cpu ]; then
-    if "$PY" -c "import urllib.request as r, sys; r.urlopen(sys.argv[1] + '/torch/', timeout=15)" "$TORCH_CPU_INDEX" 2>/dev/null; then
+    if cpu_index_ok; then
       say "PyTorch: the CPU build ($why), from PyTorch's CPU index $TORCH_CPU_INDEX (192 MB)"
       pip_install "$torch_pin" --index-url "$TORCH_CPU_INDEX"
     else
-      # Where would plain pip take torch from? A CPU wheel may be on this machine's pip configuration (find-links).
-      url=$("$PY" -m pip install --dry-run --quiet --no-deps --report - "$torch_pin" 2>/dev/null \
-            | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["install"][0]["download_info"]["url"])' 2>/dev/null || true)
+      url=$(pip_torch_url)
       case "$url" in
         *%2Bcpu*|*+cpu*)
           say "PyTorch: the CPU build ($why); PyTorch's CPU index $TORCH_CPU_INDEX cannot be reached, but your pip configuration offers a CPU wheel: $(basename "${url//%2B/+}")" ;;
@@ -114,6 +121,7 @@ if [ -z "$installed" ]; then
 fi
 got=$("$PY" -c 'import torch; print(torch.__version__, "CUDA " + torch.version.cuda if torch.version.cuda else "CPU")' 2>/dev/null)
 say "PyTorch installed: ${got% *} (${got#* } build)"
+echo "${got% *} (${got#* } build)" >"$VENV/.kit-torch"     # what the next up-to-date check reports
 if [ "$want" = cuda ] && [ "${got#* }" = CPU ]; then
   say "  note: TORCH=cuda but pip chose a CPU wheel (your pip configuration offers one): GPU tensors won't work"
 fi
