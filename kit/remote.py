@@ -6,7 +6,8 @@
 gloo: ipyparallel's own SSH engine launcher (`SSHEngineSetLauncher`) starts each engine with
       `ssh HOST python -m ipyparallel.engine`; its `ssh_cmd` is a list, so the lab's `ssh -F LAB/ssh_config`
       goes in as it is (no wrapper needed). Horovod's rendezvous server listens on `ip` in the notebook's process.
-mpi:  `mpiexec -H h1:2,h2:2` with Open MPI's `plm_rsh_agent` = that same ssh; MPI's traffic stays on `ip`'s subnet.
+mpi:  `mpiexec -H h1:2,h2:2` run on the first host over ssh, with Open MPI's `plm_rsh_agent` = that same ssh;
+      MPI's traffic stays on `ip`'s subnet.
 Both: the engines run this Python (a shared file system, as on a cluster's NFS home) with this kit on
 PYTHONPATH; the Gloo interface of each host is the one its route to `ip` leaves by (`ip route get`, over SSH).
 """
@@ -236,6 +237,31 @@ def ssh_engine_set_launcher():
 _SSH_ENGINES = None
 
 
+def head_mpi_engine_set_launcher():
+    """Return ipyparallel's MPI engine-set launcher with `mpiexec` run on the first host over SSH."""
+    global _HEAD_MPI
+    if _HEAD_MPI is None:
+        from ipyparallel.cluster.launcher import MPIEngineSetLauncher
+        from traitlets import List, Unicode
+
+        class KitHeadMPIEngineSetLauncher(MPIEngineSetLauncher):
+            """`ssh -tt HEAD cd DIR && exec env VARS mpiexec ...`: the job's mpiexec runs on its first host, as a
+            batch script does on a cluster's first node (killing the ssh ends the remote session)."""
+            head = Unicode(config=True, help="the host mpiexec runs on")
+            ssh = List(config=True, help="the ssh command line (e.g. ssh -F LAB/ssh_config)")
+
+            def find_args(self):
+                env = shlex.join(f"{k}={v}" for k, v in self.get_env().items())
+                line = f"cd {shlex.quote(self.work_dir)} && exec env {env} {shlex.join(super().find_args())}"
+                return [*self.ssh, "-tt", self.head, line]
+
+        _HEAD_MPI = KitHeadMPIEngineSetLauncher
+    return _HEAD_MPI
+
+
+_HEAD_MPI = None
+
+
 class SSHGlooLauncher(_RemoteMixin, GlooLauncher):
     """Engines started over SSH (one `ssh HOST exec python -m ipyparallel.engine` each, all at once), joined by
     Horovod's rendezvous server on `ip`.
@@ -270,7 +296,12 @@ class SSHGlooLauncher(_RemoteMixin, GlooLauncher):
 
 
 class SSHMPILauncher(_RemoteMixin, MPILauncher):
-    """Engines started by `mpiexec -H`, whose daemons reach the hosts with the same ssh."""
+    """Engines started by `mpiexec -H`, whose daemons reach the hosts with the same ssh.
+
+    mpiexec itself runs on the first host (over the same ssh), not on the notebook's machine: Open MPI 5's
+    mpiexec (prterun) binds its daemon-control listener to every address of the machine it runs on, whatever
+    `oob_tcp_if_include` says (tried --mca, --prtemca, PRTE_MCA_*); there it listens on that host's network, not
+    on every network of the notebook's machine."""
 
     def __init__(self, *, remote: Remote | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -279,6 +310,10 @@ class SSHMPILauncher(_RemoteMixin, MPILauncher):
     def configure(self, ipp_cluster):
         self.profile_dir = ipp_cluster.profile_dir
         super().configure(ipp_cluster)
+        cls = head_mpi_engine_set_launcher()
+        ipp_cluster.engine_launcher_class = cls
+        head = ipp_cluster.config[cls.__name__]
+        head.head, head.ssh = next(iter(self.hosts)), list(self.remote.ssh)
         cfg = ipp_cluster.config.MPIEngineSetLauncher
         subnet = local_subnet(self.ip)
         env = {**cfg.environment, **self.remote.env}
