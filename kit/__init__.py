@@ -11,6 +11,8 @@ from . import env as _env
 # Horovod's Keras integration needs the Keras 2 API (tf-keras), chosen before TensorFlow is first imported
 # (README "Why tf-keras"). kit.env is the one place that knows the variables; engines get them too.
 _env.use_legacy_keras()
+# With a CUDA build of PyTorch (Triton installed), Triton must load before TensorFlow or it segfaults later.
+_env.load_triton_before_tensorflow()
 
 __version__ = "0.1.0"
 _SUBMODULES = ("env", "cluster", "launchers", "engines", "datasets", "sysinfo", "data", "data_tf", "monitor",

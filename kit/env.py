@@ -6,9 +6,11 @@ environment, so the variables are set before TensorFlow is first imported, where
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import select
+import sys
 import threading
 
 # Horovod's Keras integration needs the Keras 2 API (the tf-keras package), chosen by this variable before
@@ -32,6 +34,35 @@ def use_legacy_keras(environ=None) -> None:
     environ = os.environ if environ is None else environ
     for k, v in FRAMEWORK_ENV.items():
         environ.setdefault(k, v)
+
+
+class _TritonBeforeTensorFlow:
+    """A meta-path finder that, the moment TensorFlow is first imported, imports Triton just before it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow":
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            try:
+                import triton  # noqa: F401
+            except Exception:       # a broken triton is torch's business, not a reason to stop TensorFlow
+                pass
+        return None                 # the normal finders import the module itself
+
+
+def load_triton_before_tensorflow() -> bool:
+    """Where Triton is installed (it comes with PyTorch's CUDA builds), make it load before TensorFlow.
+
+    TensorFlow >= 2.20 loads its library with RTLD_GLOBAL, so a Triton loaded after it binds to TensorFlow's LLVM
+    and segfaults (tensorflow/tensorflow#124205); PyTorch imports Triton lazily, at the first `torch.optim`
+    optimizer. So any process that imports TensorFlow and then builds a PyTorch optimizer (a test suite, a
+    notebook kernel, an engine running both frameworks) crashed. Loading Triton first is the known workaround
+    (PythonOT/POT#839). Cheap: nothing is imported until TensorFlow is. Returns whether the hook was installed."""
+    if "tensorflow" in sys.modules or importlib.util.find_spec("triton") is None:
+        return False
+    if not any(isinstance(f, _TritonBeforeTensorFlow) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TritonBeforeTensorFlow())
+    return True
 
 
 # TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL misses: they are logged (absl format, "I0000 hh:mm:ss.us

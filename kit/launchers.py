@@ -209,8 +209,11 @@ class MPILauncher(Launcher):
         cfg.environment = dict(MPI_ENV)
         if self.hosts:
             cfg.mpi_args += ["-H", ",".join(f"{h}:{k}" for h, k in self.hosts.items())]
-        else:  # one host: MPI's own traffic stays on loopback too
-            cfg.environment.update(OMPI_MCA_btl_tcp_if_include="lo", OMPI_MCA_oob_tcp_if_include="lo")
+        else:  # one host: MPI's messages go through shared memory; no TCP transport, so no listener of the ranks
+            # (Open MPI's TCP transport binds 0.0.0.0 and :: whatever btl_tcp_if_include says, open-mpi/ompi#12668).
+            # mpiexec's own (prterun's) listener still takes every address: open-mpi/ompi#14441, fixed in PRRTE
+            # after the Open MPI 5.0.x that pip installs (openpmix/prrte#2788); see README "Loopback only".
+            cfg.environment.update(OMPI_MCA_btl="self,sm")
 
     def rank_order(self, info):
         return sorted(info, key=lambda e: info[e]["mpi"]["rank"])

@@ -50,7 +50,8 @@ as_user 'du -sh ~/kit/.venv ~/.cache/pip 2>/dev/null | sed "s|$HOME|~|"'
 # The tests as that user. KIT_CI_FULL=1: the whole `make test` (issue 16's acceptance; the root-only lab tests
 # skip, saying they need root; ~30 min more). Default, to keep CI inside its 90 minutes: notebook 00 and the
 # cluster's 2-engine gloo and mpi jobs (the 4-engine, kill and kernel-exit cases run in root's `make test`;
-# here what matters is that a plain user's engines start at all).
+# here what matters is that a plain user's engines start at all), and tests/test_kit.py (with PyPI's CUDA torch
+# comes Triton, which segfaulted when loaded after TensorFlow: tensorflow/tensorflow#124205).
 if [ "${KIT_CI_FULL:-0}" = 1 ]; then
   as_user 'cd ~/kit && make test PYTEST_ARGS="-rs"' | tee "/tmp/$user-test.log"
   grep -E "^SKIPPED" "/tmp/$user-test.log" | grep -v -i "root" \
@@ -58,7 +59,7 @@ if [ "${KIT_CI_FULL:-0}" = 1 ]; then
   rm -f "/tmp/$user-test.log"
 else
   as_user 'cd ~/kit && .venv/bin/python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env \
-           notebooks/00_environment.ipynb tests/test_cluster.py \
+           notebooks/00_environment.ipynb tests/test_kit.py tests/test_cluster.py \
            -k "not killed and not kernel_exit and not 4-gloo and not 4-mpi"'
 fi
 

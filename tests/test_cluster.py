@@ -207,13 +207,18 @@ def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leak
 
 
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
-def test_servers_listen_on_loopback_only(no_leaks):
-    with kc.start(2, "gloo", quiet=True) as c:
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_servers_listen_on_loopback_only(no_leaks, backend):
+    with kc.start(2, backend, quiet=True) as c:
         c.init_process_group()
         pids = {os.getpid(), *descendants()}
-        listening = [x for x in psutil.net_connections("inet") if x.status == psutil.CONN_LISTEN and x.pid in pids]
+        listening = [(x.laddr.ip, psutil.Process(x.pid).name()) for x in psutil.net_connections("inet")
+                     if x.status == psutil.CONN_LISTEN and x.pid in pids]
         assert listening, "expected the controller, rendezvous and gloo listeners"
-        assert {x.laddr.ip for x in listening} <= {"127.0.0.1"}, listening
+        wild = {(ip, name) for ip, name in listening if ip != "127.0.0.1"}
+        # mpi: the ranks talk through shared memory (no TCP transport, no listener); Open MPI 5.0.x's mpiexec
+        # (prterun) binds every address whatever its settings say: open-mpi/ompi#14441 (README "Loopback only")
+        assert {name for _, name in wild} <= ({"prterun"} if backend == "mpi" else set()), listening
 
 
 def _allreduce_forever():
