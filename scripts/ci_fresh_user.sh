@@ -27,6 +27,8 @@ t0=$(date +%s)
 cleanup() {
   set +e
   pkill -KILL -u "$user" 2>/dev/null; sleep 1
+  # what the user's processes left in the shared temp dirs (a crashed pytest's session dir): userdel leaves it
+  find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -maxdepth 1 -user "$user" -exec rm -rf {} + 2>/dev/null
   if [ -d "$home/.cache/pip" ]; then mkdir -p "$(dirname "$keep")"; rm -rf "$keep"; mv "$home/.cache/pip" "$keep"; fi
   if [ -d "$home/.cache/kit/horovod" ]; then rm -rf "$keep_hvd"; mv "$home/.cache/kit/horovod" "$keep_hvd"; fi
   userdel -r "$user" >/dev/null 2>&1; rm -rf "$home" "/tmp/$user-setup.log" "/tmp/$user-test.log"

@@ -14,7 +14,12 @@ import pytest
 # system temp dir. What escapes it (a hard-coded /tmp path) is still caught by the check below; the kit's own
 # clean-up (one scratch folder per cluster, swept after SIGKILL) is tested directly in tests/test_cleanup.py.
 SYSTEM_TMP = tempfile.gettempdir()
-SESSION_TMP = tempfile.mkdtemp(prefix="kit-test-session-", dir=SYSTEM_TMP)
+for _old in os.listdir(SYSTEM_TMP):      # a session that crashed (SIGSEGV, SIGKILL) could not remove its folder
+    _parts = _old.split("-")
+    if _old.startswith("kit-test-session-") and len(_parts) > 4 and _parts[3].isdigit() \
+            and not psutil.pid_exists(int(_parts[3])) and os.stat(os.path.join(SYSTEM_TMP, _old)).st_uid == os.getuid():
+        shutil.rmtree(os.path.join(SYSTEM_TMP, _old), ignore_errors=True)
+SESSION_TMP = tempfile.mkdtemp(prefix=f"kit-test-session-{os.getpid()}-", dir=SYSTEM_TMP)
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = SESSION_TMP
 
