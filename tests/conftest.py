@@ -70,19 +70,28 @@ def pytest_sessionstart(session):
     _TMP_BEFORE.update(os.listdir(SYSTEM_TMP))
 
 
+def _mine(name: str) -> bool:
+    """Whether this user owns `name` in the system temp dir (another user's suite, run beside, is not ours)."""
+    try:
+        return os.lstat(os.path.join(SYSTEM_TMP, name)).st_uid == os.getuid()
+    except FileNotFoundError:
+        return False
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the session's temp dir; fail the run if the system temp dir holds anything new (listed by name).
+    """Remove the session's temp dir; fail the run if the system temp dir holds anything new of this user's
+    (listed by name).
 
-    Another program writing to the same temp dir meanwhile shows up here too: run the check alone (CI does), or
-    set KIT_SKIP_TMP_CHECK=1 on a shared machine."""
+    Another program of the same user writing to the same temp dir meanwhile shows up here too: run the check alone
+    (CI does), or set KIT_SKIP_TMP_CHECK=1 on a shared machine."""
     left = sum(len(files) + len(dirs) for _, dirs, files in os.walk(SESSION_TMP))
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
     session.config.get_terminal_writer().line(f"\nremoved the suite's temp dir ({left} entries left in it)")
     if os.environ.get("KIT_SKIP_TMP_CHECK") or not _TMP_BEFORE:
         return
     new = sorted(n for n in set(os.listdir(SYSTEM_TMP)) - _TMP_BEFORE
-                 if not n.startswith("pytest-of-") and os.path.join(SYSTEM_TMP, n) != SESSION_TMP)
+                 if not n.startswith("pytest-of-") and os.path.join(SYSTEM_TMP, n) != SESSION_TMP and _mine(n))
     if new:
         session.config.get_terminal_writer().line(
             f"\nleft in {SYSTEM_TMP} by the test suite ({len(new)}): " + ", ".join(new[:40]), red=True)
