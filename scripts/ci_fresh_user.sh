@@ -6,7 +6,7 @@
 # lab's tests skip, saying they need root), and `make lab` answering on 127.0.0.1.
 #
 #   sudo bash scripts/ci_fresh_user.sh           # ~20 min on 2 cores, most of it downloads and the Horovod build
-#   sudo KIT_CI_FULL=1 bash scripts/ci_fresh_user.sh     # + the whole suite as that user (~50 min more)
+#   sudo KIT_CI_FULL=1 bash scripts/ci_fresh_user.sh     # + the whole suite as that user (~30 min more)
 #
 # Cost: the user's pip downloads ~3.5 GB (PyTorch's CPU index is unreachable here, so PyPI's CUDA torch; see
 # README "Which PyTorch"), then Horovod is built (10 min of CPU, 5-10 min on 2 cores): ~20 min in all. The
@@ -50,7 +50,7 @@ grep -q '^setup_env: PyTorch: ' "/tmp/$user-setup.log" \
 rm -f "/tmp/$user-setup.log"
 as_user 'du -sh ~/kit/.venv ~/.cache/pip 2>/dev/null | sed "s|$HOME|~|"'
 # The tests as that user. KIT_CI_FULL=1: the whole `make test` (issue 16's acceptance; the root-only lab tests
-# skip, saying they need root; ~50 min more). Default, to keep CI inside its 90 minutes: notebook 00 and the
+# skip, saying they need root; ~30 min more). Default, to keep CI inside its 90 minutes: notebook 00 and the
 # cluster's 2-engine gloo and mpi jobs (the 4-engine, kill and kernel-exit cases run in root's `make test`;
 # here what matters is that a plain user's engines start at all), and tests/test_kit.py (with PyPI's CUDA torch
 # comes Triton, which segfaulted when loaded after TensorFlow: tensorflow/tensorflow#124205).
