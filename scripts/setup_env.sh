@@ -120,8 +120,8 @@ if [ -z "$installed" ]; then
   fi
 fi
 got=$("$PY" -c 'import torch; print(torch.__version__, "CUDA " + torch.version.cuda if torch.version.cuda else "CPU")' 2>/dev/null)
-say "PyTorch installed: ${got% *} (${got#* } build)"
-echo "${got% *} (${got#* } build)" >"$VENV/.kit-torch"     # what the next up-to-date check reports
+say "PyTorch installed: ${got%% *} (${got#* } build)"
+echo "${got%% *} (${got#* } build)" >"$VENV/.kit-torch"     # what the next up-to-date check reports
 if [ "$want" = cuda ] && [ "${got#* }" = CPU ]; then
   say "  note: TORCH=cuda but pip chose a CPU wheel (your pip configuration offers one): GPU tensors won't work"
 fi
