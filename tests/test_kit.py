@@ -1,5 +1,8 @@
-"""The package itself: every submodule `kit` advertises imports (lazily, by attribute)."""
+"""The package itself: every submodule `kit` advertises imports (lazily, by attribute); Triton before TensorFlow."""
 import importlib
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -23,9 +26,6 @@ def test_profile_loader_is_reachable_from_the_package():
 
 def _import_order(tmp_path, code):
     """Run `code` in a fresh Python where stand-in `triton` and `tensorflow` packages record their import order."""
-    import os
-    import subprocess
-    import sys
     for name in ("triton", "tensorflow"):
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "__init__.py").write_text(
@@ -47,8 +47,6 @@ def test_triton_loads_before_tensorflow_when_installed(tmp_path):
 @pytest.mark.timeout(300)
 def test_tensorflow_then_a_torch_optimizer_in_one_process():
     """The real case (a plain user's PyPI CUDA torch brings Triton): this crashed with SIGSEGV before the hook."""
-    import subprocess
-    import sys
     code = ("import kit, tensorflow, torch\n"
             "torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
