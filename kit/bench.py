@@ -26,6 +26,7 @@ BENCHES = {
     "allreduce": "kit.ring_bench:bench",
     "mnist": "kit.mnist:bench",
     "network": "kit.netbench:bench",
+    "gpu": "kit.gpu_bench:bench",
 }
 
 
@@ -63,6 +64,9 @@ def main(argv=None):
     if a.name == "all" and os.geteuid() != 0:      # the lab's network namespaces need root
         print("kit.bench: skipping 'network' (needs root for kit.netlab; run `sudo python -m kit.bench network`)")
         names.remove("network")
+    if a.name == "all" and not sysinfo.gpus():
+        print("kit.bench: skipping 'gpu' (no NVIDIA GPU here; run `python -m kit.bench gpu` on a GPU host)")
+        names.remove("gpu")
     summaries = [run(n, a.out, a.quick, a.tiny) for n in names]
     for s in summaries:
         print(s)

@@ -171,8 +171,13 @@ class Cluster:
         self.stop()
         return self.start()
 
-    def init_process_group(self) -> dict[int, int]:
-        """Join every engine to one torch.distributed process group (gloo backend) with the Horovod ranks."""
+    def init_process_group(self, backend: str = "gloo") -> dict[int, int]:
+        """Join every engine to one torch.distributed process group with the Horovod ranks.
+
+        backend: "gloo" (CPU tensors; the default) or "nccl" (CUDA tensors; one GPU per engine: NCCL refuses two
+        ranks on one GPU, NVIDIA/nccl#418)."""
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
         hosts = {s.hostname for s in self.slots.values()}
         if len(hosts) == 1:
             # One host: a FileStore rendezvous, so no TCP store server listens anywhere.
@@ -181,7 +186,7 @@ class Cluster:
         else:  # the TCP store listens on rank 0's host
             host, port = self.client[self.engine_of(0)].apply_sync(engines.engine_free_address)
             init_method = f"tcp://{host}:{port}"
-        res = self.view.apply_async(engines.engine_init_process_group, init_method, self.timeout)
+        res = self.view.apply_async(engines.engine_init_process_group, init_method, self.timeout, backend)
         out = self.wait(res)
         ranks = {eid: r["rank"] for eid, r in zip(self.view.targets, out)}
         bad = [r for r in out if r["size"] != self.n or r["sum"] != self.n]

@@ -57,8 +57,9 @@ def engine_free_address():
         return socket.gethostname(), s.getsockname()[1]
 
 
-def engine_init_process_group(init_method, timeout):
-    """Join the torch.distributed (gloo) group with this engine's kit rank; allreduce a one to check it."""
+def engine_init_process_group(init_method, timeout, backend="gloo"):
+    """Join the torch.distributed group (gloo, or nccl on GPU engines) with this engine's kit rank; allreduce a one
+    to check it (on the engine's GPU, device 0, for nccl)."""
     import datetime
     import os
     import torch
@@ -66,9 +67,11 @@ def engine_init_process_group(init_method, timeout):
     if dist.is_initialized():
         dist.destroy_process_group()
     rank, size = int(os.environ["KIT_RANK"]), int(os.environ["KIT_SIZE"])
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size,
+    if backend == "nccl":
+        torch.cuda.set_device(0)             # inside an engine its one visible GPU is device 0
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
                             timeout=datetime.timedelta(seconds=timeout))
-    t = torch.ones(1)
+    t = torch.ones(1, device="cuda" if backend == "nccl" else "cpu")
     dist.all_reduce(t)
     return {"rank": dist.get_rank(), "size": dist.get_world_size(), "sum": t.item()}
 

@@ -7,6 +7,7 @@
 #   KIT_GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh WHEELHOUSE    # CPU machine: the same steps, Horovod with
 #                                                        # Gloo only, and the GPU tests must refuse cleanly
 # PYTHON=python3.12 picks the interpreter that has CUDA torch. KIT_GPU_CHECK_KEEP=DIR keeps the venv there.
+# KIT_GPU_CHECK_BENCH=DIR also runs `python -m kit.bench gpu --out DIR` (the README's GPU table) before the tests.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 wh=$(cd "${1:?usage: gpu_check.sh WHEELHOUSE (made by scripts/gpu_wheelhouse.sh)}" && pwd)
@@ -42,6 +43,10 @@ hvd_env=(KIT_FRAMEWORKS=pytorch KIT_HOROVOD_SDIST="$sdist" KIT_CACHE_DIR="$tmp/c
          CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)")
 if [ "$dry" != 1 ]; then
   hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED)
+  # Horovod compiles its CUDA kernels for every architecture nvcc knows unless told: build for the GPUs here
+  cc=${HOROVOD_BUILD_CUDA_CC_LIST:-$("$V" -c 'import torch; print(",".join(sorted({"%d%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})))')}
+  hvd_env+=(HOROVOD_BUILD_CUDA_CC_LIST="$cc")
+  say "GPU: $(nvidia-smi -L | head -n1); CUDA kernels for compute capability $cc"
   nccl=$("$V" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null || true)
   if [ -n "$nccl" ] && [ -d "$nccl/include" ]; then
     mkdir -p "$tmp/nccl-lib"          # the wheel ships libnccl.so.2 only; CMake looks for libnccl.so
@@ -54,8 +59,12 @@ if [ "$dry" != 1 ]; then
 fi
 env "${hvd_env[@]}" bash "$repo/scripts/install_horovod.sh" || die "the Horovod build failed (log above)"
 
-say "GPU tests"
 cd "$repo"
+if [ -n "${KIT_GPU_CHECK_BENCH:-}" ] && [ "$dry" != 1 ]; then   # the README's GPU numbers, before the tests
+  say "kit.bench gpu -> $KIT_GPU_CHECK_BENCH"
+  "$V" -m kit.bench gpu --out "$KIT_GPU_CHECK_BENCH" || say "kit.bench gpu failed (rc=$?); the tests still run"
+fi
+say "GPU tests"
 set +e
 KIT_TEST_GPU=1 "$V" -m pytest -p no:cacheprovider -q -rs tests/gpu 2>&1 | tee "$tmp/gpu-tests.log"
 rc=${PIPESTATUS[0]}
