@@ -233,6 +233,8 @@ def merge(mons: list) -> "Monitor":
         shift = t - steps[0].start
         out.steps += [Step(s.start + shift, s.ready + shift, s.end + shift, s.samples, s.wait_cpu, s.compute_cpu)
                       for s in steps]
+        t0 = out.samples[-1][0] if out.samples else 0.0       # NVML samples too, laid end to end
+        out.samples += [(t0 + ts, util, mem) for ts, util, mem in mon.samples]
         t = out.steps[-1].end
     return out
 
