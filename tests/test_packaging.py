@@ -37,7 +37,9 @@ def test_one_install_script_everywhere():
         assert "scripts/install_horovod.sh" in (ROOT / f).read_text(), f
     assert "RUN make setup" in (ROOT / "Dockerfile.gpu").read_text()      # which runs setup_env.sh
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in (ROOT / "Dockerfile.gpu").read_text()
-    assert (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text().count("\n--- a/") == 6
+    # the file sections of the patch: 6 for the compat fixes 1-4 and the kit's torch-ops option, 28 headers
+    # for fix 5 (GCC >= 13 includes), 1 for fix 6 (Python 3.12 has no distutils)
+    assert (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text().count("\n--- a/") == 6 + 28 + 1
 
 
 def test_ci_runs_what_the_readme_says():
@@ -108,3 +110,23 @@ def test_make_test_gpu_refuses_without_a_gpu():
         assert out.returncode == 0, out.stderr
     else:
         assert out.returncode != 0 and out.stderr.strip().splitlines()[0].startswith("make test-gpu: no NVIDIA GPU")
+
+
+def test_the_readme_gpu_table_is_what_results_gpu_json_measured():
+    """The README's GPU numbers are the lent machine's run of `python -m kit.bench gpu`, not typed in by hand."""
+    import json
+    r = json.loads((ROOT / "results" / "gpu.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("**Measured on a GPU**"):readme.index("What this says:")]
+    assert r["gpu"] in table.replace("one NVIDIA H200", "NVIDIA H200")
+    c = r["copy_gbps"]
+    assert f"| {c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s |" in table
+    sweep = r["sweep"]
+    lo, hi = "0", max(sweep["False"], key=int)
+    row = lambda key, fmt: " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))  # noqa: E731
+    assert row("samples_per_s", lambda v: f"{v:.0f}") in table
+    assert row("busy", lambda v: f"{100 * v:.0f}%") in table
+    assert row("gpu_util", lambda v: f"{v:.1f}%") in table
+    nccl, gloo = r["allreduce"]
+    assert "error" in nccl and "invalid usage" in nccl["error"] and "invalid usage" in table
+    assert f"{1000 * gloo['seconds']:.1f} ms, {gloo['busbw_gbps']:.1f} GB/s" in table

@@ -12,6 +12,19 @@ import pytest
 import kit
 
 pytestmark = pytest.mark.timeout(600)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start(**kwargs):
+    """kit.cluster.start, and let the engines import this module (gpu.test_gpu: ipyparallel sends a function by
+    reference to its module, so the engines need tests/ on their path; without it: "No module named 'gpu'")."""
+    c = kit.cluster.start(backend="gloo", quiet=True, **kwargs)
+    try:
+        c.view.execute(f"import sys; sys.path.insert(0, {TESTS!r})", block=True)
+    except BaseException:
+        c.stop()
+        raise
+    return c
 
 
 # --- engines and GPUs ------------------------------------------------------------------------------------------
@@ -25,7 +38,7 @@ def _engine_gpu():
 
 def test_one_engine_per_gpu(n_gpus, no_leaks):
     n = min(n_gpus, 4)
-    with kit.cluster.start(n=n, backend="gloo", devices="gpu", quiet=True) as c:
+    with start(n=n, devices="gpu") as c:
         seen = c.view.apply_sync(_engine_gpu)
     assert [s["count"] for s in seen] == [1] * n, seen              # each engine sees exactly one GPU
     assert len({s["visible"] for s in seen}) == n, seen            # and a different one
@@ -35,7 +48,7 @@ def test_engines_share_one_gpu_when_asked(n_gpus, no_leaks):
     n = n_gpus + 1                                                   # more engines than GPUs
     with pytest.raises(kit.cluster.ClusterError, match="share_gpus"):
         kit.cluster.start(n=n, backend="gloo", devices="gpu", quiet=True)
-    with kit.cluster.start(n=n, backend="gloo", devices="gpu", share_gpus=True, quiet=True) as c:
+    with start(n=n, devices="gpu", share_gpus=True) as c:
         seen = c.view.apply_sync(_engine_gpu)
     assert all(s["count"] == 1 for s in seen), seen
     assert len({s["visible"] for s in seen}) == min(n, n_gpus), seen
@@ -58,7 +71,7 @@ def test_horovod_allreduce_on_cuda_tensors(n_gpus, no_leaks):
     """NCCL where Horovod was built with it (one GPU per rank: NCCL refuses two ranks on one GPU), else Horovod's
     CPU path through host memory, said as a notice."""
     n = 2 if n_gpus >= 2 else 1
-    with kit.cluster.start(n=n, backend="gloo", devices="gpu", quiet=True) as c:
+    with start(n=n, devices="gpu") as c:
         out = c.view.apply_sync(_hvd_allreduce_cuda, 1_000_003)
     want = n * (n + 1) / 2
     assert all(o["device"] == "cuda" and o["first"] == o["last"] == want for o in out), out
@@ -83,7 +96,7 @@ def test_torch_distributed_ring_on_cuda_tensors(n_gpus, no_leaks):
     """Notebook 03's ring over NCCL (one GPU per rank) on CUDA tensors == numpy's sum."""
     if n_gpus < 2:   # a hardware limit, not a missing package: NCCL >= 2.5 refuses it (NVIDIA/nccl#418)
         pytest.skip("needs 2 GPUs: NCCL refuses two ranks on one GPU; kit.bench gpu records the refusal")
-    with kit.cluster.start(n=2, backend="gloo", devices="gpu", quiet=True) as c:
+    with start(n=2, devices="gpu") as c:
         c.init_process_group("nccl")
         res = c.view.apply_sync(_dist_ring_cuda, 262_147, 7)
     total = sum(x for _, x in res)
@@ -181,7 +194,7 @@ def test_notebook_04_pytorch_half_on_gpu(n_gpus, no_leaks):
     """Appendix 04a's Horovod PyTorch loop on CUDA tensors: it trains and every replica ends identical.
     One engine per GPU (up to 2): Horovod's NCCL, like NCCL itself, refuses two ranks on one GPU."""
     n = 2 if n_gpus >= 2 else 1
-    with kit.cluster.start(n=n, backend="gloo", devices="gpu", quiet=True) as c:
+    with start(n=n, devices="gpu") as c:
         out = c.wait(c.view.apply_async(_torch_mnist_epoch, 2048, 0))
     assert all(o["device"] == "cuda" for o in out), out
     assert len({o["digest"] for o in out}) == 1, "replicas differ after training"
