@@ -83,7 +83,8 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     """Measure copies, the loader sweep and the allreduces; return (result, summary)."""
     import torch
     if not torch.cuda.is_available():
-        raise RuntimeError("kit.bench gpu: no CUDA GPU visible to this PyTorch (run it on a GPU host)")
+        raise SystemExit("kit.bench gpu: no CUDA GPU visible to this PyTorch: run it on a GPU host "
+                         "(scripts/gpu_check.sh runs it there with KIT_GPU_CHECK_BENCH=DIR)")
     gpu = torch.cuda.get_device_name(0)
     copies = copy_rates()
     sweep = loader_sweep(workers=(0, 2, 4) if quick else (0, 1, 2, 4, 8), steps=20 if quick else 30)

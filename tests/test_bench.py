@@ -37,3 +37,13 @@ def test_no_communication_module_switches_the_matplotlib_backend():
     calls = {m: re.findall(r"matplotlib\.use\(|plt\.switch_backend\(", (KIT / f"{m}.py").read_text())
              for m in COMMUNICATION}
     assert not {name: c for name, c in calls.items() if c}
+
+
+def test_the_gpu_benchmark_refuses_cleanly_without_a_gpu(tmp_path):
+    """`python -m kit.bench gpu` on a CPU machine: one line saying where to run it, no traceback, no JSON."""
+    env = {**os.environ, "PYTHONPATH": str(KIT.parent), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run([sys.executable, "-m", "kit.bench", "gpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "no CUDA GPU" in done.stderr and "GPU host" in done.stderr
+    assert not (tmp_path / "gpu.json").exists()

@@ -131,6 +131,20 @@ def test_recorded_steps_and_utilization_trace():
     assert both.stats()["busy"] == pytest.approx((10 * 0.06 + 4 * 0.02) / (14 * 0.08))
 
 
+def test_merged_runs_keep_their_nvml_samples():
+    """kit.bench gpu reports NVML's utilisation of a sweep's merged runs (the lent GPU run read n/a without this)."""
+    runs = []
+    for util in (10.0, 30.0):
+        mon = monitor.Monitor(warmup=0, nvml=False)
+        mon.record(wait_s=0.01, compute_s=0.01)
+        mon.samples = [(0.0, util, 1.0), (0.05, util, 2.0)]          # as the NVML thread records them
+        runs.append(mon)
+    both = monitor.merge(runs)
+    assert [u for _, u, _ in both.samples] == [10.0, 10.0, 30.0, 30.0]
+    assert [t for t, _, _ in both.samples] == sorted(t for t, _, _ in both.samples)
+    assert both.stats()["gpu_util"] == pytest.approx(20.0) and both.stats()["gpu_mem_gib"] == 2.0
+
+
 def test_without_nvml_the_monitor_says_so_once_and_keeps_no_thread(monkeypatch):
     monkeypatch.setattr(monitor, "open_nvml", lambda index=0: None)
     monitor.say_no_nvml.cache_clear()                           # as in a fresh process
