@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
 import sys
 import time
 
@@ -121,6 +122,7 @@ class Cluster:
             launchers.set_tmpdir(self._ipp.config, os.path.join(self._dir, "tmp"))
             self._ipp.start_cluster_sync(n=self.n)
             self.client = self._ipp.connect_client_sync()
+            self._forward_interrupts()
             self.client.wait_for_engines(self.n, timeout=max(60, self.timeout), interactive=False)
             self._setup_engines()
             self._procs = self._new_processes()
@@ -166,6 +168,21 @@ class Cluster:
         scratch.remove(self._dir)
         self.client = self.view = self._watch = None
 
+    def _forward_interrupts(self):
+        """JupyterLab's stop button interrupts the kernel; ipyparallel's %%px then sends SIGINT to the engines
+        (client.send_signal, ipyparallel >= 7). Afterwards, look whether that cut a collective in half (a rank
+        stopped outside it while others wait in it): if so, free the waiting ranks and say the job is broken."""
+        send = self.client.send_signal
+
+        def send_signal(sig, targets=None, block=None):
+            out = send(sig, targets=targets, block=block)
+            if self._watch is not None and sig in ("SIGINT", signal.SIGINT, int(signal.SIGINT)):
+                cut = self._watch.after_interrupt()
+                if cut is not None:
+                    print(f"kit.cluster: {cut.message()}", file=sys.stderr)
+            return out
+        self.client.send_signal = send_signal
+
     def restart(self) -> "Cluster":
         """Stop everything and start a fresh job with the same settings (no kernel restart needed)."""
         self.stop()
@@ -197,7 +214,7 @@ class Cluster:
     def wait(self, async_result, timeout: float | None = None):
         """Return an AsyncResult's value; if an engine died (or its host is cut off), raise RankDiedError naming it;
         if a rank never joined a collective the others wait in, StallError naming it (after `self.timeout`)."""
-        from ipyparallel.error import CompositeError, EngineError
+        from ipyparallel.error import EngineError, RemoteError   # RemoteError: also CompositeError (a view)
         deadline = None if timeout is None else time.time() + timeout
         while not async_result.ready() and (deadline is None or time.time() < deadline):
             # engines behind a cut link never answer: once some part failed, look for lost ranks
@@ -208,7 +225,7 @@ class Cluster:
             async_result.wait(1.0 if deadline is None else max(0.0, min(1.0, deadline - time.time())))
         try:
             return async_result.get(timeout=0 if deadline is not None else None)
-        except (CompositeError, EngineError) as e:
+        except (RemoteError, EngineError) as e:
             if self.poll_dead():
                 raise self._died_error() from e
             if self.stall is not None:
@@ -231,7 +248,7 @@ class Cluster:
             except psutil.Error:
                 gone = True
             if gone:
-                self.dead[rank] = f"engine {self.engine_of(rank)} (pid {pid}) exited"
+                self.dead[rank] = self._how_it_died(rank)
         if self.slots and not self._stopped and len(self.dead) < self.n:
             for rank, why in self.launcher.lost_ranks(self.slots).items():
                 self.dead.setdefault(rank, why)
@@ -285,8 +302,12 @@ class Cluster:
     def _watch_engines(self):
         """Note each engine's death the moment it happens, so the first to die is named first."""
         def died(rank):
-            self.dead.setdefault(rank, f"engine {self.engine_of(rank)} (pid {self._pids[rank]}) exited")
+            self.dead.setdefault(rank, self._how_it_died(rank))
         self._stop_w = engines.watch_deaths(self._pids, died)
+
+    def _how_it_died(self, rank: int) -> str:
+        pid = self._pids[rank]
+        return f"engine {self.engine_of(rank)} (pid {pid}) {engines.how_it_died(pid, self._procs.get(pid, 0.0))}"
 
     def _new_processes(self) -> dict[int, float]:
         return {p: c for p, c in engines.descendants().items() if p not in self._before}

@@ -133,6 +133,46 @@ def reap(procs: dict[int, float], grace: float = 5.0):
     psutil.wait_procs(alive, timeout=grace)
 
 
+def kernel_log() -> list[tuple[float, str]] | None:
+    """Return the kernel's log as (seconds since boot, message) records (/dev/kmsg, as `dmesg` reads it), or None
+    where this user may not read it (kernel.dmesg_restrict=1 without root)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    records = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192).decode("utf-8", "replace")
+            except BlockingIOError:          # the end of the buffer
+                break
+            except BrokenPipeError:          # records overwritten while reading: go on with the next one
+                continue
+            head, _, message = record.partition(";")
+            fields = head.split(",")
+            records.append((int(fields[2]) / 1e6 if len(fields) > 2 and fields[2].isdigit() else 0.0,
+                            message.strip()))
+    finally:
+        os.close(fd)
+    return records
+
+
+def how_it_died(pid: int, started: float = 0.0, log: list[tuple[float, str]] | None = None) -> str:
+    """Return how process `pid` (started at epoch time `started`) ended, for a RankDiedError: "was killed by the
+    kernel's OOM killer: out of memory ..." when the kernel log says so after its start ("Killed process PID" /
+    "oom-kill:...pid=PID"), else "exited"."""
+    import re
+    import psutil
+    log = kernel_log() if log is None else log
+    since_boot = started - psutil.boot_time() if started else 0.0
+    oom = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)")
+    if log and any(t >= since_boot - 1 and oom.search(message) for t, message in log):
+        return ("was killed by the kernel's OOM killer: out of memory (use less memory per engine: smaller "
+                "batches or model, fewer engines per host)")
+    return "exited"
+
+
 def watch_deaths(pids: dict[int, int], on_death) -> int | None:
     """Call on_death(rank) the moment each process in {rank: pid} exits (pidfd; first death first).
 

@@ -116,8 +116,15 @@ class Stall:
     tensor: str
     waiting: tuple[int, ...]
     seconds: float
+    interrupted: bool = False      # cut in half by a kernel interrupt, not a stall of the code
 
     def message(self) -> str:
+        if self.interrupted:
+            return (f"the interrupt cut collective {self.tensor!r} in half: rank(s) {', '.join(map(str, self.waiting))} "
+                    f"waited in it, rank(s) {', '.join(map(str, self.missing))} stopped without joining. Horovod was "
+                    "shut down on every engine so that nothing waits forever (a torch.distributed or kit ring wait "
+                    "gives up at the cluster's timeout). The job is broken: run cluster.restart() for a fresh one "
+                    "(no kernel restart needed).")
         return (f"rank(s) {', '.join(map(str, self.missing))} never joined collective {self.tensor!r}, which "
                 f"rank(s) {', '.join(map(str, self.waiting))} waited in for {self.seconds:.0f} s (a stall: e.g. an "
                 "`if hvd.rank() == 0:` around a collective, or ranks calling different collectives). The job is "
@@ -170,6 +177,28 @@ class Watch:
                 open(os.path.join(self.folder, STOP), "w").close()
             else:   # a stall in the making, for a collective that gives up by itself (torch.distributed)
                 self.suspect = find_stall(states, self.n, self.timeout / 2, time.time()) or self.suspect
+        return self.stall
+
+    def after_interrupt(self, grace: float = 5.0) -> Stall | None:
+        """The kernel was interrupted and every engine sent SIGINT: wait up to `grace` s for the engines to stop.
+        If a rank still waits in a collective that a stopped rank will never join, the collective was cut in half:
+        record it, ask every engine to shut Horovod down (so the waiting call returns), and return it."""
+        deadline = time.time() + grace
+        while True:
+            time.sleep(min(self.interval, max(0.0, deadline - time.time())))
+            states = self.states()
+            if not any(s.get("busy") for s in states.values()) or time.time() >= deadline:
+                break
+        cut = find_stall(states, self.n, 0.0, time.time() + 1e-6)
+        if cut is None or self.stall is not None:
+            return None
+        self.stall = Stall(cut.missing, cut.tensor, cut.waiting, cut.seconds, interrupted=True)
+        open(os.path.join(self.folder, STOP), "w").close()
+        # wait (a little) until the waiting ranks have left the cut collective: the interrupt pending in them then
+        # ends that cell, not the next one
+        deadline = time.time() + 2 * grace
+        while time.time() < deadline and any(self.states().get(r, {}).get("busy") for r in cut.waiting):
+            time.sleep(self.interval / 2)
         return self.stall
 
     def explain(self) -> Stall | None:

@@ -38,6 +38,12 @@ def descendants() -> set[int]:
     return out
 
 
+def importable(cluster):
+    """Let the cluster's engines import the test modules (ipyparallel sends a function by reference to its module)."""
+    cluster.view.execute(f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})",
+                         block=True)
+
+
 @pytest.fixture
 def no_leaks():
     """Fail the test if it leaves a process of its own running (after a few seconds' grace)."""
