@@ -272,6 +272,12 @@ def test_sweep_experiment_needs_the_w0_run():
         data.sweep_experiment(None, None, workers=(1, 2))
 
 
+@pytest.mark.parametrize("fit_workers", [(1, 2), (0, 3), (0, 0), (0, 1, 2)])
+def test_sweep_experiment_fits_to_w0_and_one_run_of_the_sweep(fit_workers):
+    with pytest.raises(ValueError, match=r"fit_workers must be \(0, W\)"):
+        data.sweep_experiment(None, None, workers=(0, 1, 2), fit_workers=fit_workers)
+
+
 @pytest.mark.timeout(600)
 def test_bench_loading_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     from kit import bench
@@ -281,6 +287,8 @@ def test_bench_loading_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     assert [r["workers"] for r in doc["sweep"]] == [0, 1, 2]
     assert all(r["samples_per_s"] > 0 and 0 < r["busy"] <= 1 for r in doc["sweep"])
     assert doc["fit"]["t_load"] > 0 and doc["best_workers"] in (0, 1, 2)
+    # fitted to W = 0 and 2: the error that is reported is the one on W = 1, which the fit did not see
+    assert doc["fit_workers"] == [0, 2] and doc["held_out_error"] == doc["sweep"][1]["model_error"]
     assert (tmp_path / "loading.png").stat().st_size > 0 and (tmp_path / "loading_timeline.png").stat().st_size > 0
 
 

@@ -5,6 +5,7 @@ The kernel's interrupt is a SIGINT to the kernel process (jupyter_client's inter
 while IPython runs the %%px magic. ipyparallel's magic then sends SIGINT to the engines; the kit looks whether
 that cut a collective in half.
 """
+import contextlib
 import os
 import signal
 import threading
@@ -45,11 +46,19 @@ def test_nothing_is_cut_when_every_rank_stopped(tmp_path):
     assert not (tmp_path / stall.STOP).exists()
 
 
-def interrupt_after(seconds: float) -> threading.Timer:
-    """Send this process SIGINT after `seconds`, as jupyter_client's interrupt_kernel does to a kernel."""
-    t = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-    t.start()
-    return t
+@contextlib.contextmanager
+def interrupt_after(seconds: float):
+    """Send this process SIGINT after `seconds`, as jupyter_client's interrupt_kernel does to a kernel, while the
+    block runs IPython's %%px cell; an interrupt that reaches the test itself fails the test (not the session)."""
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        yield
+        timer.join()
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt reached the test instead of the %%px magic (did the cell end before it?)")
+    finally:
+        timer.cancel()
 
 
 @pytest.fixture
@@ -64,9 +73,8 @@ def shell():
 def test_an_interrupted_px_cell_stops_the_engines_and_the_next_cell_runs(shell, no_leaks, capsys):
     with kc.start(2, "gloo", timeout=60, quiet=True) as c:
         t0 = time.monotonic()
-        timer = interrupt_after(4.0)
-        shell.run_cell("%%px\nimport time\ntime.sleep(600)\n")
-        timer.join()
+        with interrupt_after(4.0):
+            shell.run_cell("%%px\nimport time\ntime.sleep(600)\n")
         seconds = time.monotonic() - t0
         err = capsys.readouterr().err
         print(f"interrupted %%px cell returned after {seconds:.1f} s")
@@ -84,9 +92,8 @@ def test_an_interrupt_that_cuts_a_collective_says_restart_and_restart_works(shel
     with kc.start(2, "gloo", timeout=60, quiet=True) as c:
         shell.run_cell("%%px\nimport time, torch, horovod.torch as hvd\nhvd.init()\n")
         t0 = time.monotonic()
-        timer = interrupt_after(6.0)
-        shell.run_cell("%%px\nif hvd.rank() == 1:\n    time.sleep(600)\nhvd.allreduce(torch.ones(4), name='grad.w')\n")
-        timer.join()
+        with interrupt_after(6.0):
+            shell.run_cell("%%px\nif hvd.rank() == 1:\n    time.sleep(600)\nhvd.allreduce(torch.ones(4), name='grad.w')\n")
         seconds = time.monotonic() - t0
         err = capsys.readouterr().err
         print(f"cut collective named after {seconds:.1f} s (stall timeout 60 s)")
