@@ -42,6 +42,7 @@ def importable(cluster):
     """Let the cluster's engines import the test modules (ipyparallel sends a function by reference to its module)."""
     cluster.view.execute(f"import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})",
                          block=True)
+    return cluster
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 import kit.cluster as kc
 import kit.env
-from conftest import descendants
+from conftest import descendants, importable
 
 
 # ------------------------------------------------------------------ pure functions (no processes)
@@ -177,12 +177,6 @@ def _torch_dist():
     return dist.get_rank(), dist.get_world_size(), t.item()
 
 
-def _importable(c):
-    """Let the engines import this test module (functions are sent by reference to their module)."""
-    c.view.execute(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})", block=True)
-    return c
-
-
 def _threads():
     import os
     return os.environ["OMP_NUM_THREADS"], os.environ["CUDA_VISIBLE_DEVICES"]
@@ -194,7 +188,7 @@ def _threads():
 def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leaks, backend, n):
     want = [(r, n, n * (n + 1) / 2) for r in range(n)]
     with kc.start(n, backend, quiet=True) as c:
-        _importable(c)
+        importable(c)
         assert c.size == n and c.view.targets == list(range(n))
         assert [c.rank_of(e) for e in c.view.targets] == list(range(n))
         assert c.view.apply_sync(_hvd_torch) == want
@@ -235,7 +229,7 @@ def _allreduce_forever():
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backend):
     timeout = 20
-    c = _importable(kc.start(2, backend, timeout=timeout, quiet=True))
+    c = importable(kc.start(2, backend, timeout=timeout, quiet=True))
     try:
         ar = c.view.apply_async(_allreduce_forever)
         time.sleep(2)
@@ -245,7 +239,7 @@ def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backe
         with pytest.raises(kc.RankDiedError, match=r"rank 1 died .*cluster.restart\(\)"):
             c.wait(ar)
         assert time.monotonic() - t0 < timeout
-        _importable(c.restart())
+        importable(c.restart())
         assert c.view.apply_sync(_hvd_torch) == [(0, 2, 3.0), (1, 2, 3.0)]
     finally:
         c.stop()

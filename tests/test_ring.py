@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 import kit
-from conftest import descendants
+from conftest import descendants, importable
 from kit import ring, ring_bench, ring_sim
 from kit.costmodel import ring_bytes
 from kit.link import PeerLostError
@@ -64,11 +64,6 @@ def test_chunk_bounds_cover_and_balance():
 
 
 # ----------------------------------------------------------------------------------- the real ring on engines
-def _importable(c):
-    """Let the engines import this test module (functions are sent by reference to their module)."""
-    c.view.execute(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})", block=True)
-
-
 @pytest.fixture(scope="module")
 def cluster3():
     """One gloo job of 3 engines for all the engine tests (3: a ring where left != right); no leftovers."""
@@ -76,7 +71,7 @@ def cluster3():
     c = kit.cluster.start(n=3, backend="gloo", timeout=30, quiet=True)
     try:
         c.init_process_group()
-        _importable(c)
+        importable(c)
         yield c
     finally:
         c.stop()
@@ -203,7 +198,7 @@ def test_dead_neighbour_raises_within_timeout(no_leaks):
     timeout = 10
     with kit.cluster.start(n=2, backend="gloo", timeout=timeout, quiet=True) as c:
         c.init_process_group()
-        _importable(c)
+        importable(c)
         pid = c.client[c.engine_of(1)].apply_sync(os.getpid)
         victim = psutil.Process(pid)
         victim.kill()

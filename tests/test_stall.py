@@ -5,6 +5,7 @@ import time
 import pytest
 
 import kit.cluster as kc
+from conftest import importable
 from kit import stall
 
 
@@ -66,23 +67,18 @@ def _hvd_sum():
     return hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum, name="ok").item()
 
 
-def _importable(c):
-    c.view.execute(f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})", block=True)
-    return c
-
-
 @pytest.mark.timeout(900)   # starts engines twice: minutes on a busy 2-core machine
 def test_a_rank_that_never_joins_is_named_within_the_timeout_then_restart_works(no_leaks):
     timeout = 10
     with kc.start(2, "gloo", timeout=timeout, quiet=True) as c:
-        _importable(c)
+        importable(c)
         t0 = time.monotonic()
         with pytest.raises(kc.StallError, match=r"rank\(s\) 1 never joined collective 'grad.w'.*cluster.restart\(\)"):
             c.wait(c.view.apply_async(_rank0_only_allreduce))
         seconds = time.monotonic() - t0
         print(f"\nhorovod stall named after {seconds:.1f} s (timeout {timeout} s)")
         assert seconds < timeout + 30
-        _importable(c.restart())
+        importable(c.restart())
         assert c.view.apply_sync(_hvd_sum) == [3.0, 3.0]
         c.init_process_group()              # torch.distributed through the kit's group (timeout= the cluster's)
         t0 = time.monotonic()
