@@ -120,8 +120,9 @@ class Stall:
 
     def message(self) -> str:
         if self.interrupted:
-            return (f"the interrupt cut collective {self.tensor!r} in half: rank(s) {', '.join(map(str, self.waiting))} "
-                    f"waited in it, rank(s) {', '.join(map(str, self.missing))} stopped without joining. Horovod was "
+            waiting, missing = ", ".join(map(str, self.waiting)), ", ".join(map(str, self.missing))
+            return (f"the interrupt cut collective {self.tensor!r} in half: rank(s) {waiting} waited in it, "
+                    f"rank(s) {missing} stopped without joining. Horovod was "
                     "shut down on every engine so that nothing waits forever (a torch.distributed or kit ring wait "
                     "gives up at the cluster's timeout). The job is broken: run cluster.restart() for a fresh one "
                     "(no kernel restart needed).")

@@ -93,7 +93,8 @@ def test_an_interrupt_that_cuts_a_collective_says_restart_and_restart_works(shel
         shell.run_cell("%%px\nimport time, torch, horovod.torch as hvd\nhvd.init()\n")
         t0 = time.monotonic()
         with interrupt_after(6.0):
-            shell.run_cell("%%px\nif hvd.rank() == 1:\n    time.sleep(600)\nhvd.allreduce(torch.ones(4), name='grad.w')\n")
+            shell.run_cell("%%px\nif hvd.rank() == 1:\n    time.sleep(600)\n"
+                           "hvd.allreduce(torch.ones(4), name='grad.w')\n")
         seconds = time.monotonic() - t0
         err = capsys.readouterr().err
         print(f"cut collective named after {seconds:.1f} s (stall timeout 60 s)")

@@ -123,7 +123,8 @@ def test_the_readme_gpu_table_is_what_results_gpu_json_measured():
     assert f"| {c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s |" in table
     sweep = r["sweep"]
     lo, hi = "0", max(sweep["False"], key=int)
-    row = lambda key, fmt: " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))  # noqa: E731
+    def row(key, fmt):
+        return " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))
     assert row("samples_per_s", lambda v: f"{v:.0f}") in table
     assert row("busy", lambda v: f"{100 * v:.0f}%") in table
     assert row("gpu_util", lambda v: f"{v:.1f}%") in table

@@ -168,7 +168,8 @@ def _torch_mnist_epoch(n_samples, seed):
     hvd.init()                                                               # Horovod (1)
     torch.cuda.set_device(0)                                                 # Horovod (2): my GPU is device 0 here
     g = torch.Generator().manual_seed(seed)                                  # MNIST-shaped data, same on every rank
-    train_set = TensorDataset(torch.rand(n_samples, 1, 28, 28, generator=g), torch.randint(0, 10, (n_samples,), generator=g))
+    train_set = TensorDataset(torch.rand(n_samples, 1, 28, 28, generator=g),
+                              torch.randint(0, 10, (n_samples,), generator=g))
     sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank())   # Horovod (6): shard
     loader = DataLoader(train_set, batch_size=mnist.BATCH, sampler=sampler, pin_memory=True)
     torch.manual_seed(hvd.rank())                                            # different init: broadcast fixes it
