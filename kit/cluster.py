@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import sys
 import time
 
@@ -122,7 +121,7 @@ class Cluster:
             launchers.set_tmpdir(self._ipp.config, os.path.join(self._dir, "tmp"))
             self._ipp.start_cluster_sync(n=self.n)
             self.client = self._ipp.connect_client_sync()
-            self._forward_interrupts()
+            stall.forward_interrupts(self.client, lambda: self._watch)   # %%px's stop button: see kit.stall
             self.client.wait_for_engines(self.n, timeout=max(60, self.timeout), interactive=False)
             self._setup_engines()
             self._procs = self._new_processes()
@@ -167,21 +166,6 @@ class Cluster:
         self.launcher.stop()
         scratch.remove(self._dir)
         self.client = self.view = self._watch = None
-
-    def _forward_interrupts(self):
-        """JupyterLab's stop button interrupts the kernel; ipyparallel's %%px then sends SIGINT to the engines
-        (client.send_signal, ipyparallel >= 7). Afterwards, look whether that cut a collective in half (a rank
-        stopped outside it while others wait in it): if so, free the waiting ranks and say the job is broken."""
-        send = self.client.send_signal
-
-        def send_signal(sig, targets=None, block=None):
-            out = send(sig, targets=targets, block=block)
-            if self._watch is not None and sig in ("SIGINT", signal.SIGINT, int(signal.SIGINT)):
-                cut = self._watch.after_interrupt()
-                if cut is not None:
-                    print(f"kit.cluster: {cut.message()}", file=sys.stderr)
-            return out
-        self.client.send_signal = send_signal
 
     def restart(self) -> "Cluster":
         """Stop everything and start a fresh job with the same settings (no kernel restart needed)."""

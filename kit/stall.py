@@ -213,3 +213,23 @@ class Watch:
     def stop(self):
         self._done.set()
         self._thread.join(timeout=5)
+
+
+def forward_interrupts(client, watch):
+    """JupyterLab's stop button interrupts the kernel; ipyparallel's %%px then sends SIGINT to the engines
+    (client.send_signal, ipyparallel >= 7). Wrap that: afterwards, look (with `watch()`, the cluster's current
+    Watch or None) whether the interrupt cut a collective in half (a rank stopped outside it while others wait in
+    it); if so, the waiting ranks are freed and the notebook is told the job is broken."""
+    import signal
+    import sys
+    send = client.send_signal
+
+    def send_signal(sig, targets=None, block=None):
+        out = send(sig, targets=targets, block=block)
+        w = watch()
+        if w is not None and sig in ("SIGINT", signal.SIGINT, int(signal.SIGINT)):
+            cut = w.after_interrupt()
+            if cut is not None:
+                print(f"kit.cluster: {cut.message()}", file=sys.stderr)
+        return out
+    client.send_signal = send_signal
