@@ -27,6 +27,7 @@ BENCHES = {
     "mnist": "kit.mnist:bench",
     "network": "kit.netbench:bench",
     "gpu": "kit.gpu_bench:bench",
+    "elastic": "kit.elastic:bench",
 }
 
 
@@ -62,8 +63,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     names = list(BENCHES) if a.name == "all" else [a.name]
     if a.name == "all" and os.geteuid() != 0:      # the lab's network namespaces need root
-        print("kit.bench: skipping 'network' (needs root for kit.netlab; run `sudo python -m kit.bench network`)")
-        names.remove("network")
+        for lab_bench in ("network", "elastic"):
+            print(f"kit.bench: skipping {lab_bench!r} (needs root for kit.netlab; run `sudo python -m kit.bench "
+                  f"{lab_bench}`)")
+            names.remove(lab_bench)
     if a.name == "all" and not sysinfo.gpus():
         print("kit.bench: skipping 'gpu' (no NVIDIA GPU here; run `python -m kit.bench gpu` on a GPU host)")
         names.remove("gpu")

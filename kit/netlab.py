@@ -235,9 +235,7 @@ class Lab:
         if self._stopped:
             return
         self._stopped = True
-        sshd = {p.pid for p in self._sshd.values()}
-        for ns in self._n["ns"]:                   # sessions and what they started first, so sshd reaps them
-            _kill_all(ns_pids(ns) - sshd)
+        self.kill_jobs()                           # sessions and what they started first, so sshd reaps them
         for p in self._sshd.values():
             p.terminate()
         for p in self._sshd.values():
@@ -248,6 +246,12 @@ class Lab:
                 p.wait(timeout=10)
         _remove(_kit_resources().get(self.id, {}))
         _LABS.discard(self)
+
+    def kill_jobs(self):
+        """Kill everything running on the lab's hosts except their SSH servers (a job that went wrong)."""
+        sshd = {p.pid for p in self._sshd.values()}
+        for ns in self._n["ns"]:
+            _kill_all(ns_pids(ns) - sshd)
 
     # ------------------------------------------------------------------------------------------- operations
     def set_rate(self, rate: str):
@@ -276,10 +280,11 @@ class Lab:
             raise LabError(f"ssh {host} {cmd!r} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
         return p
 
-    def launch(self, host: str, argv: list[str], cwd: str | None = None, **popen_kw) -> subprocess.Popen:
-        """Start `argv` on `host` over SSH in `cwd` (default: here) with `launch_env()` (e.g. horovodrun on h1)."""
+    def launch(self, host: str, argv: list[str], cwd: str | None = None, env: dict | None = None,
+               **popen_kw) -> subprocess.Popen:
+        """Start `argv` on `host` over SSH in `cwd` (default: here) with `launch_env(**env)` (e.g. horovodrun)."""
         self._index(host)
-        line = netlab_ssh.remote_command(self, argv, cwd or os.getcwd(), self.launch_env())
+        line = netlab_ssh.remote_command(self, argv, cwd or os.getcwd(), self.launch_env(**(env or {})))
         return subprocess.Popen(netlab_ssh.ssh_cmd(self, host, line), stdin=subprocess.DEVNULL, **popen_kw)
 
     def launch_env(self, **extra) -> dict[str, str]:

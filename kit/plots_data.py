@@ -153,3 +153,24 @@ def plot_timeline(intervals: list[dict], ax=None, start: float = 0.0, seconds: f
     ax.set_xlabel("time (ms)")
     ax.set_title("Horovod timeline: allreduce phases per gradient tensor (rank 0's view)")
     return ax
+
+
+def plot_elastic(run: dict, ax=None):
+    """Draw an elastic run (kit.elastic.run_on_lab): world size and batches done over time, link cut/restore."""
+    ax, _ = _axes(ax, 1, (9, 3.4))
+    batches = [e for e in run["events"] if e["event"] == "batch"]
+    t = [e["t"] - run["t0"] for e in batches]
+    ax.step(t, [e["size"] for e in batches], where="post", color="C0", label="world size (workers)")
+    ax.set(xlabel="time since training started (s)", ylabel="workers", ylim=(0, len(run["hosts"]) + 0.5))
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    done = ax.twinx()
+    done.plot(t, [e["done"] for e in batches], ".", ms=2, color="C1", label="batches done")
+    done.set_ylabel("batches done", color="C1")
+    for when, what, c in ((run["t_cut"], f"{run['cut']}'s link cut", "C3"),
+                          (run["t_restore"], f"{run['cut']}'s link restored", "C2")):
+        ax.axvline(when - run["t0"], color=c, ls="--")
+        ax.text(when - run["t0"], 0.3, " " + what, color=c, fontsize=8)
+    ax.set_title(f"elastic Horovod on {len(run['hosts'])} lab hosts, state committed every "
+                 f"{run['commit_every']} batches")
+    ax.legend(loc="lower right", fontsize=8)
+    return ax

@@ -3,6 +3,8 @@
 
     horovodrun --gloo -np 2 -H localhost:2 python scripts/train_keras_mnist.py --epochs 2
     mpirun -np 2 python scripts/train_keras_mnist.py --dataset digits
+    horovodrun --gloo -np 2 --min-np 1 --max-np 2 --host-discovery-script ./hosts.sh \
+        python scripts/train_keras_mnist.py --elastic       # survives a lost host, takes it back (kit.elastic)
     horovodrun -np 16 -H server1:4,server2:4,server3:4,server4:4 python scripts/train_keras_mnist.py
 
 Lines marked `# Horovod:` are the whole difference from single-process Keras. Kill it and start it again with the
@@ -32,6 +34,10 @@ def parse_args(argv=None):
     p.add_argument("--synthetic-steps", type=int, default=0,
                    help="measure samples/s on random data for this many steps instead of training")
     p.add_argument("--json", default=None, help="rank 0 writes the history / throughput here")
+    p.add_argument("--elastic", action="store_true",
+                   help="elastic Horovod: run by horovodrun --min-np/--max-np/--host-discovery-script")
+    p.add_argument("--commit-every", type=int, default=10, help="(elastic) commit the state every K batches")
+    p.add_argument("--events", default=None, help="(elastic) rank 0 appends one JSON line per event here")
     return p.parse_args(argv)
 
 
@@ -80,6 +86,8 @@ def main(argv=None):
     ds = datasets.load(args.dataset, verbose=root)
     x, y = mnist.prepare(*mnist.subset(ds.x_train, ds.y_train, args.train_samples))
     x_test, y_test = mnist.prepare(ds.x_test, ds.y_test)
+    if args.elastic:
+        return train_elastic(args, tf, hvd, x, y)
     # Horovod (6): each rank trains on its own 1/size of the data: an epoch is one pass over the data shared by
     # the ranks (1/size of the steps, each on size x batch images), so the job keeps one process's 12 epochs.
     x, y = mnist.shard(x, y, hvd.rank(), hvd.size())
@@ -122,6 +130,39 @@ def main(argv=None):
         print(f"done: {ds.name} test accuracy {acc:.4f} after {epochs} epochs on {hvd.size()} worker(s); "
               f"replicas identical: {result['replicas_identical']}", flush=True)
         return result
+
+
+def train_elastic(args, tf, hvd, x_all, y_all):
+    """Elastic Horovod: ranks may leave (a host lost) and join (a host back) while the job runs."""
+    from kit import elastic, mnist
+    model = mnist.build_model()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(mnist.BASE_LR * hvd.size()))
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
+    opt.build(model.trainable_variables)              # the optimizer's slots exist before the first commit
+    # Elastic (1): what every rank must agree on: weights, optimizer slots, the epoch, the batch, batches done.
+    # A commit copies it in memory; after a lost rank, every survivor goes back to its last commit.
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0, done=0)
+
+    # Elastic (2): after the world changed: a new size, so a new learning rate (linear scaling rule).
+    def on_reset():
+        tf.keras.backend.set_value(state.model.optimizer.lr, mnist.BASE_LR * hvd.size())
+    state.register_reset_callbacks([on_reset])
+
+    # Elastic (3): hvd.elastic.run calls train; when a collective fails (HorovodInternalError) or hosts change
+    # (HostsUpdatedInterrupt), it restores or keeps the state, re-forms the ring with the hosts now alive,
+    # broadcasts rank 0's state to newcomers and calls train again.
+    @hvd.elastic.run
+    def train(state):
+        x, y = mnist.shard(x_all, y_all, hvd.rank(), hvd.size())     # shards follow the current size
+        state.model.fit(x, y, batch_size=args.batch_size, steps_per_epoch=len(x) // args.batch_size,
+                        epochs=(args.epochs or mnist.EPOCHS) - state.epoch, verbose=0, callbacks=[
+                            elastic.event_log(state, args.events, hvd, args.batch_size),   # counts state.done
+                            hvd.elastic.CommitStateCallback(state, batches_per_commit=args.commit_every),
+                            hvd.elastic.UpdateBatchStateCallback(state),
+                            hvd.elastic.UpdateEpochStateCallback(state)])
+    train(state)
+    if hvd.rank() == 0:
+        print(f"done: elastic training ended on {hvd.size()} worker(s) after {state.done} batches", flush=True)
 
 
 if __name__ == "__main__":

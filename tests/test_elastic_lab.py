@@ -1,0 +1,90 @@
+"""Elastic Horovod (kit.elastic, scripts/train_keras_mnist.py --elastic): host discovery, the event arithmetic,
+and, on a 2-host lab (root), a job that loses h2's link mid-training, carries on alone and takes h2 back."""
+import os
+import socket
+import time
+
+import pytest
+
+from kit import elastic, netlab, scratch
+
+ROOT = os.geteuid() == 0
+
+
+@pytest.mark.timeout(30)
+def test_live_hosts_are_those_whose_ssh_port_answers():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert elastic.live_hosts(["127.0.0.1:2", "localhost:1"], port=port) == ["127.0.0.1:2", "localhost:1"]
+    assert elastic.live_hosts(["127.0.0.1:2"], port=port, timeout=0.5) == []     # closed now: nobody answers
+
+
+@pytest.mark.timeout(60)
+def test_discovery_script_lists_the_first_host_alone_then_the_live_hosts(tmp_path):
+    import subprocess
+    path = elastic.discovery_script(str(tmp_path), ["127.0.0.1:1", "no-such-host.invalid:4"])
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(elastic.__file__)))
+    outs = [subprocess.run([path], capture_output=True, text=True, timeout=30, env=env) for _ in range(2)]
+    assert [p.returncode for p in outs] == [0, 0], [p.stderr for p in outs]
+    sshd_here = elastic.live_hosts(["127.0.0.1:1"]) == ["127.0.0.1:1"]          # port 22 on this machine
+    assert outs[0].stdout.split() == ["127.0.0.1:1"]           # first call: rank 0's host, whatever answers
+    assert outs[1].stdout.split() == (["127.0.0.1:1"] if sshd_here else [])
+
+
+def test_summarize_counts_lost_batches_from_the_restored_count():
+    ev = [{"t": 0, "event": "start", "size": 2, "done": 0}]
+    ev += [{"t": 1 + i, "event": "batch", "size": 2, "done": i + 1} for i in range(27)]       # cut after 27
+    ev += [{"t": 40, "event": "start", "size": 1, "done": 20}]                                  # last commit: 20
+    ev += [{"t": 41 + i, "event": "batch", "size": 1, "done": 21 + i} for i in range(30)]
+    ev += [{"t": 80, "event": "start", "size": 2, "done": 50}]                                  # rejoin at a commit
+    ev += [{"t": 81 + i, "event": "batch", "size": 2, "done": 51 + i} for i in range(5)]
+    ev += [{"t": 90, "event": "epoch", "size": 2, "done": 55, "accuracy": 0.9}, {"t": 91, "event": "end",
+                                                                                  "size": 2, "done": 55}]
+    s = elastic.summarize(ev, t_cut=28.5, t_restore=75)
+    assert [(r["size_before"], r["size_after"], r["lost_batches"]) for r in s["resets"]] == [(2, 1, 7), (1, 2, 0)]
+    assert s["lost_batches"] == [7]
+    assert s["seconds_to_carry_on"] == 41 - 28.5 and s["seconds_to_rejoin"] == 81 - 75
+    assert s["batches_at_size"] == {1: 30, 2: 32} and s["final_accuracy"] == 0.9 and s["finished"]
+
+
+def test_cutting_the_host_that_runs_horovodrun_is_refused():
+    class Lab:
+        hosts = ["h1", "h2"]
+    for bad in ("h1", "h9"):
+        with pytest.raises(ValueError, match="give a lab host other than h1"):
+            elastic.run_on_lab(Lab(), cut=bad)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(not ROOT, reason="kit.netlab makes network namespaces, which needs root "
+                    "(CI runs as root; locally: sudo, or Docker with --cap-add NET_ADMIN)")
+def test_training_survives_a_cut_host_and_takes_it_back():
+    scratch_before = set(os.listdir(scratch.root())) if os.path.isdir(scratch.root()) else set()
+    t0 = time.time()
+    with netlab.start(hosts=2) as lab:
+        run = elastic.run_on_lab(lab, cut="h2", cut_after=25, restore_after=30, commit_every=10, epochs=8,
+                                 dataset="digits")
+        print(f"\nelastic: {time.time() - t0:.0f} s; resets {run['resets']}; carried on "
+              f"{run['seconds_to_carry_on']:.1f} s after the cut, rejoined {run['seconds_to_rejoin']:.1f} s after "
+              f"the restore; batches at each size {run['batches_at_size']}; accuracy {run['final_accuracy']:.3f}")
+        sizes = [e["size"] for e in run["events"] if e["event"] == "batch"]
+        changes = [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
+        assert changes == [2, 1, 2], changes                 # both hosts, h1 alone, both again
+        assert {e["host"] for e in run["events"] if e["event"] == "batch" and e["t"] > run["t_cut"]} == {"h1"}
+        assert run["finished"] and run["final_accuracy"] > 0.5
+        # the survivor went back to its last commit: it lost the batches since then, fewer than commit_every
+        assert len(run["lost_batches"]) == 1 and 0 <= run["lost_batches"][0] < 10, run["resets"]
+        assert run["seconds_to_carry_on"] < elastic.GLOO_TIMEOUT + 60
+        done = [e["done"] for e in run["events"] if e["event"] == "batch"]
+        assert done[-1] == sum(run["batches_at_size"].values()) - sum(r["lost_batches"] for r in run["resets"])
+        # nothing of the job is left on the hosts (the old worker on h2 included)
+        sshd = {p.pid for p in lab._sshd.values()}
+        deadline = time.time() + 20
+        while any(netlab.ns_pids(lab.ns(h)) - sshd for h in lab.hosts) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not any(netlab.ns_pids(lab.ns(h)) - sshd for h in lab.hosts)
+    left = set(os.listdir(scratch.root())) if os.path.isdir(scratch.root()) else set()
+    assert not {n for n in left - scratch_before if n.startswith("elastic-")}
