@@ -24,6 +24,7 @@ from pathlib import Path
 from . import scratch
 from .mnist import REPO, SCRIPT
 
+PAUSE = 1.0           # s without a finished batch that counts as a pause of training (an epoch's end takes less)
 GLOO_TIMEOUT = 10      # s: how long survivors wait in a collective for a peer behind a cut link (Horovod's is 30)
 
 
@@ -109,7 +110,8 @@ def read_events(path: str) -> list[dict]:
 
 
 def summarize(events: list[dict], t_cut: float | None = None, t_restore: float | None = None) -> dict:
-    """Return the resets (size before/after, batches lost = done before − done restored) and the timings."""
+    """Return the resets (size before/after, batches lost = done before − done restored), the pauses (no batch
+    finished for more than PAUSE s) and the timings."""
     resets, last = [], None
     for e in events:
         if e["event"] == "start" and last is not None:
@@ -127,6 +129,8 @@ def summarize(events: list[dict], t_cut: float | None = None, t_restore: float |
         return next((x for x in first_at.get(size, []) if t is not None and x > t), None)
 
     sizes = [e["size"] for e in events if e["event"] == "batch"]
+    times = [e["t"] for e in events if e["event"] == "batch"]
+    pauses = [{"t": a, "seconds": b - a} for a, b in zip(times, times[1:]) if b - a > PAUSE]
     full = max(sizes) if sizes else 0
     shrunk, back = first_after(t_cut, full - 1), None
     if shrunk:
@@ -135,7 +139,7 @@ def summarize(events: list[dict], t_cut: float | None = None, t_restore: float |
     return {"resets": resets, "lost_batches": [r["lost_batches"] for r in resets if r["size_after"] < r["size_before"]],
             "seconds_to_carry_on": shrunk - t_cut if shrunk and t_cut else None,
             "seconds_to_rejoin": back - t_restore if back and t_restore else None,
-            "batches_at_size": {s: sizes.count(s) for s in sorted(set(sizes))},
+            "batches_at_size": {s: sizes.count(s) for s in sorted(set(sizes))}, "pauses": pauses,
             "final_accuracy": ends[-1]["accuracy"] if ends else None,
             "finished": any(e["event"] == "end" for e in events)}
 

@@ -160,7 +160,10 @@ def plot_elastic(run: dict, ax=None):
     ax, _ = _axes(ax, 1, (9, 3.4))
     batches = [e for e in run["events"] if e["event"] == "batch"]
     t = [e["t"] - run["t0"] for e in batches]
-    ax.step(t, [e["size"] for e in batches], where="post", color="C0", label="world size (workers)")
+    ax.plot(t, [e["size"] for e in batches], ".", ms=3, color="C0", label="world size (workers)")
+    for i, p in enumerate(run.get("pauses", [])):
+        ax.axvspan(p["t"] - run["t0"], p["t"] + p["seconds"] - run["t0"], color="0.85",
+                   label="no batch finished" if i == 0 else None)
     ax.set(xlabel="time since training started (s)", ylabel="workers", ylim=(0, len(run["hosts"]) + 0.5))
     ax.yaxis.get_major_locator().set_params(integer=True)
     done = ax.twinx()

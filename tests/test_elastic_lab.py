@@ -47,6 +47,7 @@ def test_summarize_counts_lost_batches_from_the_restored_count():
     assert s["lost_batches"] == [7]
     assert s["seconds_to_carry_on"] == 41 - 28.5 and s["seconds_to_rejoin"] == 81 - 75
     assert s["batches_at_size"] == {1: 30, 2: 32} and s["final_accuracy"] == 0.9 and s["finished"]
+    assert s["pauses"] == [{"t": 27, "seconds": 14}, {"t": 70, "seconds": 11}]      # no batch for > 1 s
 
 
 def test_cutting_the_host_that_runs_horovodrun_is_refused():

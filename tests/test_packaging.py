@@ -131,3 +131,21 @@ def test_the_readme_gpu_table_is_what_results_gpu_json_measured():
     nccl, gloo = r["allreduce"]
     assert "error" in nccl and "invalid usage" in nccl["error"] and "invalid usage" in table
     assert f"{1000 * gloo['seconds']:.1f} ms, {gloo['busbw_gbps']:.1f} GB/s" in table
+
+
+def test_the_readme_elastic_table_is_what_results_elastic_json_measured():
+    """The README's elastic numbers are `python -m kit.bench elastic`'s, computed from its events."""
+    import json
+    from kit import elastic
+    r = json.loads((ROOT / "results" / "elastic.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Elastic Horovod on the lab"):readme.index("## Layout")]
+    assert "> " + r["summary"] in section
+    for i, run in enumerate(r["runs"], 1):
+        again = elastic.summarize(run["events"], run["t_cut"], run["t_restore"])    # the events say the same
+        assert again["lost_batches"] == run["lost_batches"] and again["pauses"] == run["pauses"]
+        back = next((p["seconds"] for p in run["pauses"] if p["t"] > run["t_restore"]), 0.0)
+        sizes = run["batches_at_size"]
+        assert (f"| {i} | {run['seconds_to_carry_on']:.1f} s | {run['lost_batches'][0]} | "
+                f"{run['seconds_to_rejoin']:.1f} s | {back:.1f} s | {sizes.get('1', 0)} / {sizes.get('2', 0)} | "
+                f"{run['final_accuracy']:.3f} |") in section
