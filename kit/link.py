@@ -23,6 +23,17 @@ def default_timeout() -> float:
     return float(os.environ.get("KIT_TIMEOUT", 60))
 
 
+class _Failed:
+    """A send or receive that failed as it was posted (the peer's connection was already closed): its `wait`
+    raises that error, so `Link.wait` names the peer as for any other failed message."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def wait(self, timeout=None):
+        raise self.error
+
+
 class Link:
     """This process's end of the messages: isend/irecv that count bytes and wait no longer than a deadline."""
 
@@ -39,13 +50,19 @@ class Link:
         self.sent += tensor.numel() * tensor.element_size()
         self.messages += 1
         self.peers.add(dst)
-        return dist.isend(tensor, dst)
+        try:
+            return dist.isend(tensor, dst)
+        except (RuntimeError, ValueError) as e:   # gloo: "Connection closed by peer" when the peer is gone
+            return _Failed(e)
 
     def irecv(self, tensor, src: int | None):
         """Start receiving into `tensor` from rank `src` (None: from any rank); count its bytes."""
         import torch.distributed as dist
         self.received += tensor.numel() * tensor.element_size()
-        return dist.irecv(tensor, src)
+        try:
+            return dist.irecv(tensor, src)
+        except (RuntimeError, ValueError) as e:
+            return _Failed(e)
 
     def wait(self, works, peers):
         """Wait for every message (or collective) in `works`; `peers` names who each one waits on (one name for

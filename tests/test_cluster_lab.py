@@ -207,8 +207,12 @@ def test_cut_link_names_the_lost_host_then_restart_works(cluster, lab):
                 ar.get(timeout=0)
             except Exception as e:
                 cause = e
-        names = {(info or {}).get("engine_id"): ename for ename, _, _, info in getattr(cause, "elist", [])}
-        assert all(names.get(cluster.engine_of(r)) == "HorovodInternalError" for r in (0, 1)), (names, cause)
+        errors = {(info or {}).get("engine_id"): (ename, str(evalue))
+                  for ename, evalue, _, info in getattr(cause, "elist", [])}
+
+        def horovods(e):   # a survivor between two calls when Horovod shut down gets its ValueError from the next
+            return e is not None and (e[0] == "HorovodInternalError" or e[0] == "ValueError" and "Horovod" in e[1])
+        assert all(horovods(errors.get(cluster.engine_of(r))) for r in (0, 1)), (errors, cause)
     finally:
         lab.restore("h2")
     cluster.restart()

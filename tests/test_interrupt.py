@@ -49,8 +49,11 @@ def test_nothing_is_cut_when_every_rank_stopped(tmp_path):
 @contextlib.contextmanager
 def interrupt_after(seconds: float):
     """Send this process SIGINT after `seconds`, as jupyter_client's interrupt_kernel does to a kernel, while the
-    block runs IPython's %%px cell; an interrupt that reaches the test itself fails the test (not the session)."""
+    block runs IPython's %%px cell; an interrupt that reaches the test itself fails the test (not the session).
+    SIGINT raises KeyboardInterrupt here as in a kernel, even where this process inherited it ignored (a shell's
+    background job starts with SIGINT ignored, and Python then installs no handler)."""
     timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         timer.start()
         yield
@@ -59,6 +62,7 @@ def interrupt_after(seconds: float):
         pytest.fail("the interrupt reached the test instead of the %%px magic (did the cell end before it?)")
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture
