@@ -35,14 +35,10 @@ class ElasticError(RuntimeError):
 # ---------------------------------------------------------------------------------- host discovery
 def live_hosts(specs: list[str], port: int = 22, timeout: float = 1.0) -> list[str]:
     """Return the `host:slots` of `specs` whose SSH port accepts a TCP connection within `timeout` s."""
-    def answers(spec):
-        try:
-            socket.create_connection((spec.split(":")[0], port), timeout=timeout).close()
-            return True
-        except OSError:
-            return False
+    from .remote import port_answers
     with ThreadPoolExecutor(len(specs) or 1) as pool:
-        return [s for s, up in zip(specs, pool.map(answers, specs)) if up]
+        up = pool.map(lambda spec: port_answers(spec.split(":")[0], port, timeout), specs)
+        return [s for s, ok in zip(specs, up) if ok]
 
 
 def discover(specs: list[str], seen: str | None = None) -> list[str]:

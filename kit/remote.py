@@ -111,7 +111,8 @@ def ssh_address(remote: Remote, host: str) -> tuple[str, int]:
     return cache[host]
 
 
-def _answers(addr: str, port: int, timeout: float = 2.0) -> bool:
+def port_answers(addr: str, port: int, timeout: float = 2.0) -> bool:
+    """Return whether `addr`:`port` accepts a TCP connection within `timeout` s (is the host's SSH server there?)."""
     import socket
     try:
         socket.create_connection((addr, port), timeout=timeout).close()
@@ -168,7 +169,7 @@ class _RemoteMixin:
         self._next_probe, self._down_since = now + every, self._down_since or {}
         hosts = sorted({s.hostname for s in slots.values()})
         with ThreadPoolExecutor(len(hosts)) as pool:
-            up = dict(zip(hosts, pool.map(lambda h: _answers(*ssh_address(self.remote, h)), hosts)))
+            up = dict(zip(hosts, pool.map(lambda h: port_answers(*ssh_address(self.remote, h)), hosts)))
         for h in hosts:
             if up[h]:
                 self._down_since.pop(h, None)
