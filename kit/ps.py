@@ -6,7 +6,8 @@
 
 Ranks 0..k-1 are servers (server s owns shard s of the flat parameter vector); ranks k..k+N-1 are workers.
 Every tensor travels as a torch.distributed message over `kit.link.Link`, which counts the bytes it moves.
-The algorithm is `push`, `pull`, `server_step` and `server_step_async`; the rest is plumbing. The cost model is
+The algorithm is `push`, `pull`, `server_step` and `server_step_async`; the rest is plumbing (`train(...,
+algorithm={"push": f, ...})` runs a reader's own versions, as notebook 02 does). The cost model is
 `kit.costmodel`, the measurements behind notebook 02's tables `kit.ps_bench`.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .mlp import accuracy, batch_indices, get_flat, gradient, load_train, local_
     train_single  # noqa: F401  (accuracy, train_single: the notebook's reference)
 
 MODES = ("sync", "async")
+ALGORITHM = ("push", "pull", "server_step")   # what `train(..., algorithm=...)` may replace (notebook 02 does)
 
 
 class PSError(RuntimeError):
@@ -112,8 +114,9 @@ def _names(ranks):
 
 
 # ----------------------------------------------------------------------------- one process's role
-def run_engine(cfg: Config) -> dict:
-    """Run this engine's part (server, worker or idle) of one parameter-server job; return its records."""
+def run_engine(cfg: Config, algorithm: dict | None = None) -> dict:
+    """Run this engine's part (server, worker or idle) of one parameter-server job; return its records.
+    `algorithm` maps names in ALGORITHM to functions that replace this module's (same signatures)."""
     import torch
     import torch.distributed as dist
     if not dist.is_initialized():
@@ -127,7 +130,7 @@ def run_engine(cfg: Config) -> dict:
     link = Link(me, cfg.timeout or None)         # None: the cluster's KIT_TIMEOUT
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
     try:
-        return (serve if role == "server" else work)(cfg, rank, link)
+        return (serve if role == "server" else work)(cfg, rank, link, algorithm_with(algorithm))
     except BaseException as e:
         failure = e
     # Distributed: close our sockets so that peers waiting on us fail now instead of at their deadline. Pending
@@ -141,6 +144,14 @@ def run_engine(cfg: Config) -> dict:
     raise failure
 
 
+def algorithm_with(given: dict | None) -> dict:
+    """Return this module's push, pull and server_step, with those in `given` put in their place."""
+    unknown = sorted(set(given or ()) - set(ALGORITHM))
+    if unknown:
+        raise ValueError(f"algorithm: {unknown} are not parts of the algorithm; give some of {list(ALGORITHM)}")
+    return {name: (given or {}).get(name) or globals()[name] for name in ALGORITHM}
+
+
 def initial_params(cfg: Config):
     """Return the starting flat parameter vector (the seeded model's, or zeros in exchange-only mode)."""
     import torch
@@ -149,7 +160,7 @@ def initial_params(cfg: Config):
     return get_flat(make_model(cfg.hidden, cfg.seed))
 
 
-def serve(cfg: Config, rank: int, link: Link) -> dict:
+def serve(cfg: Config, rank: int, link: Link, algo: dict) -> dict:
     """Server loop: own one shard, send it to every worker, then run the steps (sync) or updates (async)."""
     import torch
     workers = cfg.ranks()["workers"]
@@ -163,7 +174,7 @@ def serve(cfg: Config, rank: int, link: Link) -> dict:
         grads = [torch.empty_like(params) for _ in workers]
         for _ in range(cfg.steps):
             t0 = time.perf_counter()
-            t_recv, t_update = server_step(params, grads, workers, link, cfg.lr)
+            t_recv, t_update = algo["server_step"](params, grads, workers, link, cfg.lr)
             t_end = time.perf_counter()
             link.end_step()
             rec["t_recv"].append(t_recv - t0)
@@ -180,7 +191,7 @@ def serve(cfg: Config, rank: int, link: Link) -> dict:
     return rec
 
 
-def work(cfg: Config, rank: int, link: Link) -> dict:
+def work(cfg: Config, rank: int, link: Link, algo: dict) -> dict:
     """Worker loop: pull, then every step compute a gradient on its part of the batch, push it, pull."""
     import torch
     me = rank - cfg.servers
@@ -190,7 +201,7 @@ def work(cfg: Config, rank: int, link: Link) -> dict:
     else:
         model, (x, y) = make_model(cfg.hidden, cfg.seed), load_train(cfg.data)
     parts = shards(params.numel(), cfg.servers)
-    pull(params, parts, link)                                # Distributed: start from the servers' parameters
+    algo["pull"](params, parts, link)                        # Distributed: start from the servers' parameters
     link.end_step()
     rec = {"role": "worker", "rank": rank, "loss": [], "t_compute": [], "t_comm": []}
     for step in range(cfg.steps):
@@ -206,8 +217,8 @@ def work(cfg: Config, rank: int, link: Link) -> dict:
         if cfg.die_at and tuple(cfg.die_at) == (me, step):
             os._exit(1)                                      # bad-input demo: die mid-step, before pushing
         t1 = time.perf_counter()
-        sends = push(grad, parts, link) if cfg.mode == "sync" else push_async(grad, rank, link)
-        pull(params, parts, link, sends)                     # Distributed: push, then pull
+        sends = algo["push"](grad, parts, link) if cfg.mode == "sync" else push_async(grad, rank, link)
+        algo["pull"](params, parts, link, sends)             # Distributed: push, then pull
         t2 = time.perf_counter()
         link.end_step()
         rec["loss"].append(loss)
@@ -266,12 +277,15 @@ class Run:
         return out
 
 
-def train(cluster, cfg: Config, wait_s: float | None = None) -> Run:
-    """Run one parameter-server job on the cluster's engines (servers first); return its Run."""
+def train(cluster, cfg: Config, wait_s: float | None = None, algorithm: dict | None = None) -> Run:
+    """Run one parameter-server job on the cluster's engines (servers first); return its Run. `algorithm`:
+    {"push": f, "pull": f, "server_step": f}, any of them, to run instead of this module's (notebook 02 passes
+    the ones its reader edits; ipyparallel ships a notebook's functions to the engines)."""
     check(cfg, cluster.size)
+    algorithm_with(algorithm)                   # a clear error here, not on every engine
     engines = [cluster.engine_of(r) for r in range(cfg.servers + cfg.workers)]
     t0 = time.time()
-    jobs = [cluster.client[e].apply_async(run_engine, cfg) for e in engines]
+    jobs = [cluster.client[e].apply_async(run_engine, cfg, dict(algorithm or {})) for e in engines]
     timeout = cfg.timeout or cluster.timeout
     wait_s = wait_s or (cfg.steps + 2) * timeout
     done, failed = [], {}

@@ -71,10 +71,10 @@ def empty_exchange(cluster, workers: int, servers: int, runs: int = 3, steps: in
 
 
 
-def training_runs(cluster, cfg: Config, servers=(1, 2)) -> dict:
-    """Train `cfg` once for every k in `servers` and every N the cluster has room for (N + k engines);
-    return {(N, k): Run}."""
-    return {(n, k): train(cluster, replace(cfg, workers=n, servers=k))
+def training_runs(cluster, cfg: Config, servers=(1, 2), algorithm: dict | None = None) -> dict:
+    """Train `cfg` once for every k in `servers` and every N the cluster has room for (N + k engines), with
+    `algorithm` (see `kit.ps.train`) if given; return {(N, k): Run}."""
+    return {(n, k): train(cluster, replace(cfg, workers=n, servers=k), algorithm=algorithm)
             for k in servers for n in range(1, cluster.size - k + 1)}
 
 

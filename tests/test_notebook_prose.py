@@ -103,3 +103,13 @@ def test_every_number_in_prose_is_printed_by_the_run(path):
         + ", ".join(f"{i}: {t}" for i, t in missing)
         + ". Render such sentences from the run's values (IPython.display.Markdown), or, for a constant, "
           "add it to ALLOW in tests/test_notebook_prose.py with the reason.")
+
+
+MAIN_PATH_CELLS = 45     # a lab long: depth goes to notebooks/appendix/
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("0*.ipynb")), ids=lambda p: p.name)
+def test_main_path_is_a_lab_long(path):
+    cells = json.loads(path.read_text())["cells"]
+    assert len(cells) <= MAIN_PATH_CELLS, (f"{path.name} has {len(cells)} cells on its main path (at most "
+                                           f"{MAIN_PATH_CELLS}): move depth into notebooks/appendix/")

@@ -58,6 +58,35 @@ def test_sync_ps_equals_single_process_sgd(cluster, workers, servers):
     assert not np.allclose(run.params, ps.initial_params(cfg).numpy())   # it did train
 
 
+# A server step as notebook 02's reader writes it: defined in `__main__` (a notebook cell), shipped to the engines by
+# ipyparallel, run there with the engine's namespace as its globals. This one applies the *sum* of the gradients.
+SUMMING_SERVER = """
+import time
+
+def server_step(params, grads, workers, link, lr):
+    link.wait([link.irecv(g, src=w) for w, g in zip(workers, grads)], "the workers")
+    t_recv = time.perf_counter()
+    params -= lr * sum(grads)
+    t_update = time.perf_counter()
+    link.wait([link.isend(params, dst=w) for w in workers], "the workers")
+    return t_recv, t_update
+"""
+
+
+@pytest.mark.timeout(300)
+def test_train_runs_the_algorithm_it_is_given(cluster):
+    notebook = {"__name__": "__main__"}
+    exec(SUMMING_SERVER, notebook)
+    cluster.view.execute("import time", block=True)          # what the notebook's %%px --local cell does there
+    cfg = ps.Config(workers=2, servers=1, steps=5, batch=60, lr=0.05)
+    run = ps.train(cluster, cfg, algorithm={"server_step": notebook["server_step"]})
+    ref, _ = ps.train_single(ps.Config(workers=2, servers=1, steps=5, batch=60, lr=0.1))   # sum of 2 = 2 x mean
+    assert np.abs(run.params - ref).max() < 1e-6
+    assert np.abs(run.params - ps.train_single(cfg)[0]).max() > 1e-4                     # not the kit's step
+    with pytest.raises(ValueError, match="not parts of the algorithm"):
+        ps.train(cluster, cfg, algorithm={"sever_step": notebook["server_step"]})
+
+
 @pytest.mark.timeout(300)
 def test_async_ps_with_one_worker_is_sync_exactly(cluster):
     cfg = ps.Config(workers=1, servers=1, steps=6, batch=60, lr=0.1)
