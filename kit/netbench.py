@@ -57,12 +57,14 @@ def allreduce_colocated(flat, link):
     parts, others = shards(flat.numel(), size), [r for r in range(size) if r != rank]
     mine = parts[rank]
     inbox = {w: flat.new_empty(mine.stop - mine.start) for w in others}
+    recvs = [link.irecv(inbox[w], src=w) for w in others]                        # receives first (see kit.ring)
     sends = [link.isend(flat[parts[s]], dst=s) for s in others]                  # push: shard s to server s
-    link.wait([link.irecv(inbox[w], src=w) for w in others] + sends, "a worker or server (push)")
+    link.wait(recvs + sends, "a worker or server (push)")
     for w in others:                                                             # server: sum my shard
         flat[mine] += inbox[w]
+    recvs = [link.irecv(flat[parts[s]], src=s) for s in others]
     sends = [link.isend(flat[mine], dst=w) for w in others]                      # pull: summed shards back
-    link.wait([link.irecv(flat[parts[s]], src=s) for s in others] + sends, "a worker or server (pull)")
+    link.wait(recvs + sends, "a worker or server (pull)")
 
 
 def _runner(impl: str, link):

@@ -82,8 +82,12 @@ def scatter_reduce(flat, rank, size, link, piece):
     for s in range(size - 1):
         out = _pieces(bounds[send_chunk(rank, s, size, "scatter_reduce")], piece)
         into = _pieces(bounds[recv_chunk(rank, s, size, "scatter_reduce")], piece)
-        sends = [link.isend(flat[a:b], right) for a, b in out]           # send and receive overlap
+        # Receives first. Measured on a 1 Gbit/s lab link: with each rank's send posted before its receive, two
+        # ranks exchanging 32 MB took 538 ms, twice one direction alone (the directions ran in turn); receive
+        # first, 280 ms, and the ring at N = 2 went from 1.46x to 1.0x the model. (Gloo's TCP pair puts its
+        # "ready to receive" notices and its data in one send queue per peer.)
         recvs = [link.irecv(scratch[i][:d - c], left) for i, (c, d) in enumerate(into[:2])]
+        sends = [link.isend(flat[a:b], right) for a, b in out]           # send and receive overlap
         for i, (c, d) in enumerate(into):
             link.wait([recvs[i]], f"left neighbour rank {left} (scatter-reduce step {s + 1})")
             flat[c:d] += scratch[i % 2][:d - c]            # in place, on a view of the flat buffer
@@ -100,8 +104,8 @@ def allgather(flat, rank, size, link):
     for s in range(size - 1):
         a, b = bounds[send_chunk(rank, s, size, "allgather")]
         c, d = bounds[recv_chunk(rank, s, size, "allgather")]
-        reqs = [link.isend(flat[a:b], right)] if b > a else []    # send first: faster with gloo here
-        reqs += [link.irecv(flat[c:d], left)] if d > c else []
+        reqs = [link.irecv(flat[c:d], left)] if d > c else []      # receive first (see scatter_reduce)
+        reqs += [link.isend(flat[a:b], right)] if b > a else []
         link.wait(reqs, f"a neighbour (rank {left} or {right}, allgather step {s + 1})")
 
 
