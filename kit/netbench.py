@@ -9,6 +9,7 @@ For each N: a lab of N + 1 hosts (`kit.netlab`), one engine on each of h1..hN (`
   byteps   k = N servers placed on the workers (BytePS's arrangement): rank r serves shard r (`allreduce_colocated`)
   torch    torch.distributed's all_reduce (gloo)
   horovod  Horovod over Gloo (`hvd.allreduce_`)
+  horovod_mpi  Horovod over MPI: a second job on the same hosts, started by mpiexec over the lab's SSH
   ps       one parameter server with a host of its own, h(N+1), running `kit.ps.server_step`; the N engines
            push and pull with `kit.ps.push` / `kit.ps.pull`
 alpha and B come from a ping-pong on the lab's link (never fitted to allreduce points). The bytes each host put
@@ -28,9 +29,9 @@ import numpy as np
 
 from .costmodel import busbw, fit_alpha_beta, pingpong, ring_bytes, t_comm_ps, t_comm_ring
 
-IMPLS = ("ring", "byteps", "torch", "horovod", "ps")
+IMPLS = ("ring", "byteps", "torch", "horovod", "horovod_mpi", "ps")
 LABELS = {"ring": "kit ring", "byteps": "PS, k=N servers on the workers (BytePS)", "torch": "torch.distributed (gloo)",
-          "horovod": "Horovod (Gloo)", "ps": "PS, one server on its own host"}
+          "horovod": "Horovod (Gloo)", "horovod_mpi": "Horovod (MPI)", "ps": "PS, one server on its own host"}
 # What the NIC counters may add to the payload (the "TCP/IP overhead"): each 1448-byte TCP segment (MTU 1500)
 # carries 66 bytes of Ethernet, IP and TCP headers (timestamps on), and the data coming the other way is
 # acknowledged by 66-byte ACKs, at worst one per segment. The veths pass 64 KB GSO packets counted with ONE
@@ -76,7 +77,7 @@ def _runner(impl: str, link):
     if impl == "torch":
         import torch.distributed as dist
         return lambda t, i: dist.all_reduce(t)
-    if impl == "horovod":
+    if impl in ("horovod", "horovod_mpi"):                # the cluster's backend decides which
         import horovod.torch as hvd
         return lambda t, i: hvd.allreduce_(t, op=hvd.Sum, name=f"netbench.{i}")
     raise ValueError(f"unknown implementation {impl!r}: use one of {IMPLS[:-1]} (ps runs with its own server)")
@@ -247,15 +248,24 @@ def run_n(N: int, sizes, rate: str, reps: int, impls, timeout: float = 120, quie
         with kc.start(n=N, backend="gloo", hosts=_hosts(lab, N), timeout=timeout, quiet=True) as c:
             c.init_process_group()
             link = {"rate": rate, "rate_bytes_per_s": netlab.parse_rate(rate) / 8, **measure_link(lab, c)}
-            for impl in [i for i in impls if i != "ps"]:
-                for nbytes in sizes:
-                    rows.append(_row(N, impl, nbytes, c.wait(c.view.apply_async(engine_time, impl, nbytes, reps)),
-                                     link))
-                    if not quiet:
-                        print(_line(rows[-1]), flush=True)
+            rows += _time_impls(c, N, [i for i in impls if i not in ("ps", "horovod_mpi")], sizes, reps, link, quiet)
             if "ps" in impls:
                 rows += run_ps(lab, c, N, sizes, reps, link)
+        if "horovod_mpi" in impls:      # one job at a time: the MPI job starts after the Gloo job has stopped
+            with kc.start(n=N, backend="mpi", hosts=_hosts(lab, N), timeout=timeout, quiet=True) as c:
+                c.init_process_group()   # for the barriers around the timed calls
+                rows += _time_impls(c, N, ["horovod_mpi"], sizes, reps, link, quiet)
     return link, rows
+
+
+def _time_impls(c, N: int, impls, sizes, reps: int, link: dict, quiet: bool) -> list[dict]:
+    rows = []
+    for impl in impls:
+        for nbytes in sizes:
+            rows.append(_row(N, impl, nbytes, c.wait(c.view.apply_async(engine_time, impl, nbytes, reps)), link))
+            if not quiet:
+                print(_line(rows[-1]), flush=True)
+    return rows
 
 
 def _line(r: dict) -> str:

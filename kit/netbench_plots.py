@@ -4,6 +4,7 @@
                                bytes per host vs N from the NIC counters
     ratios(x, K)               the numbers issue 12's targets ask for (measured/model, N=max vs N=min, busbw/link,
                                counted/model bytes)
+    readme_tables(x, K)        the README's tables of a run (tests/test_packaging checks the README against them)
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from .costmodel import human, ring_bytes, t_comm_ps, t_comm_ring
 from .netbench import LABELS
 
 STYLE = {"ring": ("tab:blue", "o"), "ps": ("tab:red", "s"), "byteps": ("tab:green", "^"),
-         "torch": ("tab:purple", "v"), "horovod": ("tab:orange", "D")}
+         "torch": ("tab:purple", "v"), "horovod": ("tab:orange", "D"), "horovod_mpi": ("tab:brown", "P")}
 
 
 def rows(x: dict, impl: str, K: int | None = None, N: int | None = None) -> list[dict]:
@@ -118,7 +119,7 @@ def ratios(x: dict, K: int) -> dict:
                       for i, ideal in (("ring", 2 * (hi - 1) / hi / (2 * (lo - 1) / lo)), ("ps", hi / lo))
                       if hi in t[i] and lo in t[i] and hi != lo}
     out["busbw_over_link"] = {i: rows(x, i, K, hi)[0]["busbw"] / link_rate(x)
-                              for i in ("ring", "byteps", "torch", "horovod") if rows(x, i, K, hi)}
+                              for i in ("ring", "byteps", "torch", "horovod", "horovod_mpi") if rows(x, i, K, hi)}
     out["bytes_error"] = bytes_error(x, K)
     out["bytes_error_any_size"] = bytes_error(x)
     out["all_correct"] = all(r["ok"] for r in x["rows"])
@@ -141,3 +142,30 @@ def summary(x: dict, K: int, seconds: float) -> str:
             f"busbw/link at N={max(x['ns'])}: {bw} (target ring >= 85%); NIC bytes vs model at {human(K)}: {be}, "
             f"worst at any size {worst:+.2%} (target within 2%; headers, ACKs, barriers included); "
             f"all sums correct: {r['all_correct']}; {seconds:.0f} s")
+
+
+SHORT = {"ring": "kit ring", "byteps": "PS, k=N on workers (BytePS)", "torch": "torch.distributed",
+         "horovod": "Horovod (Gloo)", "horovod_mpi": "Horovod (MPI)", "ps": "PS, one server"}
+
+
+def readme_tables(x: dict, K: int) -> str:
+    """Return the README's markdown for a run: the links (ping-pong, stream), then every row at K bytes."""
+    cores = x.get("machine", {}).get("cpu_cores", "?")
+    out = [f"Links {x['rate']} each way; {cores} cores; run took {x['seconds']:.0f} s; {x['reps']} timed calls "
+           "per point.", "", "| N | α (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |", "|---|---|---|---|"]
+    for n, v in sorted(x["links"].items(), key=lambda kv: int(kv[0])):
+        out.append(f"| {n} | {v['alpha'] * 1e6:.0f} | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |")
+    out += ["", f"At K = {human(K)}:", "", "| implementation | N | ms measured | ms model | measured/model | busbw (MB/s) "
+            "| busbw/link | NIC sent per host / model |", "|---|---|---|---|---|---|---|---|"]
+    for impl in SHORT:
+        for r in rows(x, impl, K):
+            row = (f"| {SHORT[impl]} | {r['N']} | {r['seconds'] * 1e3:.0f} | {r['model_s'] * 1e3:.0f} | "
+                   f"{r['seconds'] / r['model_s']:.2f} | ")
+            if impl == "ps":
+                row += (f"– | – | server {r['tx'][0] / r['model_server_bytes']:.4f} (N·K), workers "
+                        f"{np.mean(r['tx'][1:]) / r['model_bytes']:.4f} (K) |")
+            else:
+                row += (f"{r['busbw'] / 1e6:.0f} | {r['busbw'] / link_rate(x):.0%} | "
+                        f"{np.mean(r['tx']) / r['model_bytes']:.4f} |")
+            out.append(row)
+    return "\n".join(out)

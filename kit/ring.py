@@ -70,43 +70,54 @@ def _pieces(bounds: tuple[int, int], piece: int) -> list[tuple[int, int]]:
     return [(a, min(a + piece, stop)) for a in range(start, stop, max(piece, 1))]
 
 
+def _schedule(bounds, rank: int, size: int, phase: str, piece: int) -> list[tuple[int, int, int]]:
+    """Return (step, start, stop) of every piece this rank receives in `phase`, in the order it receives them."""
+    return [(s, c, d) for s in range(size - 1) for c, d in _pieces(bounds[recv_chunk(rank, s, size, phase)], piece)]
+
+
 def scatter_reduce(flat, rank, size, link, piece):
     """N-1 steps: send a chunk right while adding the one from the left; rank r ends owning chunk (r+1) % N.
 
     Each chunk moves as pieces of `piece` elements: the left neighbour's piece i+1 arrives in one scratch
     buffer while piece i is added from the other (double buffering: small, cache-sized scratch, no big copy).
+    The chunk added in step s is the one sent in step s+1, so each piece goes on to the right as soon as it is
+    added: the steps overlap instead of waiting for each other.
     """
     bounds = chunk_bounds(flat.numel(), size)
     right, left = (rank + 1) % size, (rank - 1) % size
+    into = _schedule(bounds, rank, size, "scatter_reduce", piece)
     scratch = [flat.new_empty(min(piece, max(b - a for a, b in bounds))) for _ in range(2)]
-    for s in range(size - 1):
-        out = _pieces(bounds[send_chunk(rank, s, size, "scatter_reduce")], piece)
-        into = _pieces(bounds[recv_chunk(rank, s, size, "scatter_reduce")], piece)
-        # Receives first. Measured on a 1 Gbit/s lab link: with each rank's send posted before its receive, two
-        # ranks exchanging 32 MB took 538 ms, twice one direction alone (the directions ran in turn); receive
-        # first, 280 ms, and the ring at N = 2 went from 1.46x to 1.0x the model. (Gloo's TCP pair puts its
-        # "ready to receive" notices and its data in one send queue per peer.)
-        recvs = [link.irecv(scratch[i][:d - c], left) for i, (c, d) in enumerate(into[:2])]
-        sends = [link.isend(flat[a:b], right) for a, b in out]           # send and receive overlap
-        for i, (c, d) in enumerate(into):
-            link.wait([recvs[i]], f"left neighbour rank {left} (scatter-reduce step {s + 1})")
-            flat[c:d] += scratch[i % 2][:d - c]            # in place, on a view of the flat buffer
-            if i + 2 < len(into):
-                c2, d2 = into[i + 2]
-                recvs.append(link.irecv(scratch[i % 2][:d2 - c2], left))
-        link.wait(sends, f"right neighbour rank {right} (scatter-reduce step {s + 1})")
+    # Receives first. Measured on a 1 Gbit/s lab link: with each rank's send posted before its receive, two
+    # ranks exchanging 32 MB took 538 ms, twice one direction alone (the directions ran in turn); receive
+    # first, 280 ms, and the ring at N = 2 went from 1.46x to 1.0x the model. (Gloo's TCP pair puts its
+    # "ready to receive" notices and its data in one send queue per peer.)
+    recvs = [link.irecv(scratch[j][:d - c], left) for j, (_, c, d) in enumerate(into[:2])]
+    sends = [link.isend(flat[a:b], right) for a, b in _pieces(bounds[send_chunk(rank, 0, size, "scatter_reduce")],
+                                                                piece)]
+    for j, (s, c, d) in enumerate(into):
+        link.wait([recvs[j]], f"left neighbour rank {left} (scatter-reduce step {s + 1})")
+        flat[c:d] += scratch[j % 2][:d - c]                 # in place, on a view of the flat buffer
+        if j + 2 < len(into):                               # this scratch buffer is free again: next piece
+            _, c2, d2 = into[j + 2]
+            recvs.append(link.irecv(scratch[j % 2][:d2 - c2], left))
+        if s < size - 2:
+            sends.append(link.isend(flat[c:d], right))      # step s+1 sends this very piece: send it now
+    link.wait(sends, f"right neighbour rank {right} (scatter-reduce)")
 
 
-def allgather(flat, rank, size, link):
-    """N-1 steps: pass the newest complete chunk right, receiving the left one straight into the flat buffer."""
+def allgather(flat, rank, size, link, piece):
+    """N-1 steps: pass the complete chunks right, receiving the left one's straight into the flat buffer; like
+    scatter-reduce, each piece goes on to the right as soon as it has arrived."""
     bounds = chunk_bounds(flat.numel(), size)
     right, left = (rank + 1) % size, (rank - 1) % size
-    for s in range(size - 1):
-        a, b = bounds[send_chunk(rank, s, size, "allgather")]
-        c, d = bounds[recv_chunk(rank, s, size, "allgather")]
-        reqs = [link.irecv(flat[c:d], left)] if d > c else []      # receive first (see scatter_reduce)
-        reqs += [link.isend(flat[a:b], right)] if b > a else []
-        link.wait(reqs, f"a neighbour (rank {left} or {right}, allgather step {s + 1})")
+    into = _schedule(bounds, rank, size, "allgather", piece)
+    recvs = [link.irecv(flat[c:d], left) for _, c, d in into]   # receive first (see scatter_reduce), all at once
+    sends = [link.isend(flat[a:b], right) for a, b in _pieces(bounds[send_chunk(rank, 0, size, "allgather")], piece)]
+    for j, (s, c, d) in enumerate(into):
+        link.wait([recvs[j]], f"left neighbour rank {left} (allgather step {s + 1})")
+        if s < size - 2:
+            sends.append(link.isend(flat[c:d], right))
+    link.wait(sends, f"right neighbour rank {right} (allgather)")
 
 
 def allreduce(tensor, *, piece_bytes: int = 4 * 2**20, check: bool = True, timeout: float | None = None) -> Traffic:
@@ -124,8 +135,9 @@ def allreduce(tensor, *, piece_bytes: int = 4 * 2**20, check: bool = True, timeo
     link = Link(f"rank {rank}", timeout)
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.contiguous().view(-1)   # a copy if strided
     if size > 1 and flat.numel():
-        scatter_reduce(flat, rank, size, link, max(1, piece_bytes // flat.element_size()))
-        allgather(flat, rank, size, link)
+        piece = max(1, piece_bytes // flat.element_size())
+        scatter_reduce(flat, rank, size, link, piece)
+        allgather(flat, rank, size, link, piece)
     if flat.data_ptr() != tensor.data_ptr():
         tensor.copy_(flat.view_as(tensor))
     return _traffic(link, t0)

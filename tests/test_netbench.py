@@ -22,7 +22,7 @@ CONTROL = 64 << 10        # bytes of barriers and ipyparallel heartbeats a host 
 
 @pytest.fixture(scope="module")
 def x():
-    return netbench.experiment(ns=(2,), sizes=(K,), rate=RATE, reps=2, impls=("ring", "byteps", "ps"))
+    return netbench.experiment(ns=(2,), sizes=(K,), rate=RATE, reps=2, impls=("ring", "byteps", "horovod_mpi", "ps"))
 
 
 def within_headers(counted: float, model: float) -> bool:
@@ -33,6 +33,12 @@ def within_headers(counted: float, model: float) -> bool:
 @pytest.mark.timeout(600)
 def test_every_sum_is_right(x):
     assert all(r["ok"] for r in x["rows"]), [(r["impl"], r["ok"]) for r in x["rows"]]
+
+
+@pytest.mark.timeout(600)
+def test_horovod_over_mpi_runs_across_the_lab_hosts(x):
+    r = next(r for r in x["rows"] if r["impl"] == "horovod_mpi")    # an mpiexec job on h1, h2 after the Gloo one
+    assert r["ok"] and all(sent >= r["model_bytes"] for sent in r["tx"])     # the payload crossed each host's NIC
 
 
 @pytest.mark.timeout(600)

@@ -149,3 +149,14 @@ def test_the_readme_elastic_table_is_what_results_elastic_json_measured():
         assert (f"| {i} | {run['seconds_to_carry_on']:.1f} s | {run['lost_batches'][0]} | "
                 f"{run['seconds_to_rejoin']:.1f} s | {back:.1f} s | {sizes.get('1', 0)} / {sizes.get('2', 0)} | "
                 f"{run['final_accuracy']:.3f} |") in section
+
+
+def test_the_readme_network_tables_are_what_results_network_json_measured():
+    """The README's network tables and summary line are `python -m kit.bench network`'s JSON, rendered."""
+    import json
+    from kit.netbench_plots import readme_tables
+    x = json.loads((ROOT / "results" / "network.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### Ring and parameter server on a network"):readme.index("### 04 · Horovod")]
+    assert readme_tables(x, max(x["sizes"])) in section
+    assert "> " + x["summary"] in section
