@@ -256,3 +256,19 @@ def bench(out_dir, quick: bool = False, tiny: bool = False):
                f"{ring_bw / mpi:.0%} of MPI; goal >= 50%)")
     return result, summary
 
+
+
+README_SIZES = (4 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20)
+
+
+def readme_table(result: dict, sizes=README_SIZES) -> str:
+    """Return the README's table of a `python -m kit.bench allreduce` run: time · busbw (GB/s) per implementation
+    and size (tests/test_packaging checks the README against it)."""
+    by = {(r["impl"], r["bytes"]): r for r in result["records"]}
+    impls = list(dict.fromkeys(r["impl"] for r in result["records"]))
+    out = ["| implementation | " + " | ".join(human(k) for k in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+    for impl in impls:
+        cells = [f"{by[impl, k]['seconds'] * 1e3:.1f} ms · {by[impl, k]['busbw'] / 1e9:.2f}" if (impl, k) in by
+                 else "–" for k in sizes]
+        out.append(f"| {impl} | " + " | ".join(cells) + " |")
+    return "\n".join(out)

@@ -160,3 +160,14 @@ def test_the_readme_network_tables_are_what_results_network_json_measured():
     section = readme[readme.index("### Ring and parameter server on a network"):readme.index("### 04 · Horovod")]
     assert readme_tables(x, max(x["sizes"])) in section
     assert "> " + x["summary"] in section
+
+
+def test_the_readme_allreduce_table_is_what_results_allreduce_json_measured():
+    """The README's loopback allreduce table and summary line are `python -m kit.bench allreduce`'s JSON."""
+    import json
+    from kit.ring_bench import readme_table
+    x = json.loads((ROOT / "results" / "allreduce.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### 03 · Ring-allreduce"):readme.index("### Ring and parameter server on a network")]
+    assert readme_table(x) in section
+    assert "> " + x["summary"] in section
