@@ -248,7 +248,7 @@ def paired_throughput(args: list[str], repeats: int, steps: int, n: int = 2, lau
 def explain_threads(result: dict) -> str:
     """Return the benchmark's throughput table as text: per setting, 1 vs 2 workers, speed-up, cores busy."""
     names = {"tf_defaults": "intra-op 1, TF's inter-op pool", "pinned": "1 thread + pinned core (Gloo)",
-             "pinned_mpi": "1 thread + pinned core (MPI)"}
+             "pinned_mpi": "1 thread + pinned core (MPI)", "pinned_mpi_busy_poll": "same, MPI busy-polling"}
     lines = [f"{'setting':31s} {'pairs':>5s} {'1 worker':>13s} {'2 workers':>13s} {'speed-up':>8s} "
              f"{'cores busy 1w | 2w':>19s}"]
     for key, t in result["throughput"].items():
@@ -268,6 +268,9 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     names = ["pinned"] if quick else list(SETTINGS)      # quick: a smoke run of every step, one pair each
     throughput = {name: paired_throughput(SETTINGS[name], repeats, steps) for name in names}
     throughput["pinned_mpi"] = paired_throughput(SETTINGS["pinned"], repeats if quick else 3, steps, launcher="mpi")
+    if not quick:      # what MPI_ENV's yield-when-idle buys: the same pairs with Open MPI's default busy-polling
+        throughput["pinned_mpi_busy_poll"] = paired_throughput(SETTINGS["pinned"], 3, steps, launcher="mpi",
+                                                               env={"OMPI_MCA_mpi_yield_when_idle": "0"})
     timeline_file = Path(out_dir) / "mnist_timeline.json"
     run_script(2, ["--synthetic-steps", "10" if quick else "20", *SETTINGS["pinned"]],
                env={"HOROVOD_TIMELINE": str(timeline_file)})
@@ -288,7 +291,8 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
                f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
                f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "
                + (f"TF defaults: {d['speedup']:.2f}x; " if d else "")
-               + f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x)")
+               + f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x"
+               + (f", busy-polling: {throughput['pinned_mpi_busy_poll']['speedup']:.2f}x" if not quick else "") + ")")
     return result, summary
 
 
