@@ -155,8 +155,9 @@ def readme_tables(x: dict, K: int) -> str:
            "per point.", "", "| N | α (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |", "|---|---|---|---|"]
     for n, v in sorted(x["links"].items(), key=lambda kv: int(kv[0])):
         out.append(f"| {n} | {v['alpha'] * 1e6:.0f} | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |")
-    out += ["", f"At K = {human(K)}:", "", "| implementation | N | ms measured | ms model | measured/model | busbw (MB/s) "
-            "| busbw/link | NIC sent per host / model |", "|---|---|---|---|---|---|---|---|"]
+    out += ["", f"At K = {human(K)}:", "",
+            "| implementation | N | ms measured | ms model | measured/model | busbw (MB/s) | busbw/link "
+            "| NIC sent per host / model |", "|---|---|---|---|---|---|---|---|"]
     for impl in SHORT:
         for r in rows(x, impl, K):
             row = (f"| {SHORT[impl]} | {r['N']} | {r['seconds'] * 1e3:.0f} | {r['model_s'] * 1e3:.0f} | "

@@ -168,6 +168,7 @@ def test_the_readme_allreduce_table_is_what_results_allreduce_json_measured():
     from kit.ring_bench import readme_table
     x = json.loads((ROOT / "results" / "allreduce.json").read_text())
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### 03 · Ring-allreduce"):readme.index("### Ring and parameter server on a network")]
+    start, end = readme.index("### 03 · Ring-allreduce"), readme.index("### Ring and parameter server on a network")
+    section = readme[start:end]
     assert readme_table(x) in section
     assert "> " + x["summary"] in section
