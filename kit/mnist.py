@@ -262,6 +262,21 @@ def explain_threads(result: dict) -> str:
     return "\n".join(lines)
 
 
+def readme_table(result: dict) -> str:
+    """Return the README's throughput table of a `python -m kit.bench mnist` run (checked by test_packaging)."""
+    names = {"tf_defaults": "intra-op 1, TF's inter-op pool", "pinned": "1 thread + pinned core, Gloo",
+             "pinned_mpi": "1 thread + pinned core, MPI (yield when idle)",
+             "pinned_mpi_busy_poll": "1 thread + pinned core, MPI busy-polling"}
+    out = ["| per worker | pairs | 1 worker | 2 workers | speed-up | cores busy 1w / 2w |", "|---|---|---|---|---|---|"]
+    for key, t in result["throughput"].items():
+        one, two = [r["thr_1"] for r in t["runs"]], [r["thr_n"] for r in t["runs"]]
+        busy = [np.median([sum(r[k]) for r in t["runs"]]) for k in ("busy_1", "busy_n")]
+        out.append(f"| {names.get(key, key)} | {len(t['runs'])} | {min(one):,.0f}–{max(one):,.0f} | "
+                   f"{min(two):,.0f}–{max(two):,.0f} | {t['speedup']:.2f}× ({t['efficiency']:.0%}) | "
+                   f"{busy[0]:.2f} / {busy[1]:.2f} |")
+    return "\n".join(out)
+
+
 def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     """Measure 1- vs 2-worker throughput per thread setting, and 2-worker vs 1-process accuracy; plot both."""
     repeats, steps = (1, 10) if quick else (5, 60)

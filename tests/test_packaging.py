@@ -172,3 +172,14 @@ def test_the_readme_allreduce_table_is_what_results_allreduce_json_measured():
     section = readme[start:end]
     assert readme_table(x) in section
     assert "> " + x["summary"] in section
+
+
+def test_the_readme_mnist_table_is_what_results_mnist_json_measured():
+    """The README's MNIST throughput table and summary line are `python -m kit.bench mnist`'s JSON."""
+    import json
+    from kit.mnist import readme_table
+    x = json.loads((ROOT / "results" / "mnist.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### 04 · Horovod Keras MNIST"):readme.index("### Elastic Horovod on the lab")]
+    assert readme_table(x) in section
+    assert "> " + x["summary"] in section
