@@ -245,18 +245,26 @@ def paired_throughput(args: list[str], repeats: int, steps: int, n: int = 2, lau
     out = paired_runs(lambda: run_script(1, synthetic, launcher, env), lambda: run_script(n, synthetic, launcher, env),
                       repeats, n)
     return {"args": args, "launcher": launcher, "env": env or {}, "steps": steps, **out}
+
+
+def _setting_rows(result: dict):
+    """Yield, per throughput setting of a bench result: key, pairs, 1-worker and 2-worker samples/s (min, max),
+    the paired run's dict, and the median cores busy of 1 and of 2 workers (summed over workers)."""
+    for key, t in result["throughput"].items():
+        one, two = [r["thr_1"] for r in t["runs"]], [r["thr_n"] for r in t["runs"]]
+        busy = [float(np.median([sum(r[k]) for r in t["runs"]])) for k in ("busy_1", "busy_n")]
+        yield key, len(t["runs"]), (min(one), max(one)), (min(two), max(two)), t, busy
+
+
 def explain_threads(result: dict) -> str:
     """Return the benchmark's throughput table as text: per setting, 1 vs 2 workers, speed-up, cores busy."""
     names = {"tf_defaults": "intra-op 1, TF's inter-op pool", "pinned": "1 thread + pinned core (Gloo)",
              "pinned_mpi": "1 thread + pinned core (MPI)", "pinned_mpi_busy_poll": "same, MPI busy-polling"}
     lines = [f"{'setting':31s} {'pairs':>5s} {'1 worker':>13s} {'2 workers':>13s} {'speed-up':>8s} "
              f"{'cores busy 1w | 2w':>19s}"]
-    for key, t in result["throughput"].items():
-        one, two = [r["thr_1"] for r in t["runs"]], [r["thr_n"] for r in t["runs"]]
-        busy1 = np.median([sum(r["busy_1"]) for r in t["runs"]])
-        busy2 = np.median([sum(r["busy_n"]) for r in t["runs"]])
-        lines.append(f"{names.get(key, key):31s} {len(t['runs']):5d} {min(one):6,.0f}-{max(one):<6,.0f} "
-                     f"{min(two):6,.0f}-{max(two):<6,.0f} {t['speedup']:7.2f}x {busy1:9.2f} | {busy2:.2f}")
+    for key, pairs, one, two, t, busy in _setting_rows(result):
+        lines.append(f"{names.get(key, key):31s} {pairs:5d} {one[0]:6,.0f}-{one[1]:<6,.0f} "
+                     f"{two[0]:6,.0f}-{two[1]:<6,.0f} {t['speedup']:7.2f}x {busy[0]:9.2f} | {busy[1]:.2f}")
     lines.append("(samples/s as min-max over the pairs; speed-up = median of the paired ratios; cores busy = CPU "
                  "time / wall time, median, summed over workers)")
     return "\n".join(lines)
@@ -268,12 +276,9 @@ def readme_table(result: dict) -> str:
              "pinned_mpi": "1 thread + pinned core, MPI (yield when idle)",
              "pinned_mpi_busy_poll": "1 thread + pinned core, MPI busy-polling"}
     out = ["| per worker | pairs | 1 worker | 2 workers | speed-up | cores busy 1w / 2w |", "|---|---|---|---|---|---|"]
-    for key, t in result["throughput"].items():
-        one, two = [r["thr_1"] for r in t["runs"]], [r["thr_n"] for r in t["runs"]]
-        busy = [np.median([sum(r[k]) for r in t["runs"]]) for k in ("busy_1", "busy_n")]
-        out.append(f"| {names.get(key, key)} | {len(t['runs'])} | {min(one):,.0f}–{max(one):,.0f} | "
-                   f"{min(two):,.0f}–{max(two):,.0f} | {t['speedup']:.2f}× ({t['efficiency']:.0%}) | "
-                   f"{busy[0]:.2f} / {busy[1]:.2f} |")
+    for key, pairs, one, two, t, busy in _setting_rows(result):
+        out.append(f"| {names.get(key, key)} | {pairs} | {one[0]:,.0f}–{one[1]:,.0f} | {two[0]:,.0f}–{two[1]:,.0f} | "
+                   f"{t['speedup']:.2f}× ({t['efficiency']:.0%}) | {busy[0]:.2f} / {busy[1]:.2f} |")
     return "\n".join(out)
 
 
