@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 _SUBMODULES = ("env", "cluster", "launchers", "engines", "datasets", "sysinfo", "data", "data_tf", "monitor",
                "profiler", "ps", "mlp", "ps_bench", "link", "costmodel", "ring", "ring_sim", "ring_bench", "bench",
                "plots", "plots_data", "mnist", "checkpoint", "timeline", "netlab", "netlab_ssh", "netlab_rate",
-               "remote", "stall", "scratch", "devices", "elastic")
+               "remote", "stall", "scratch", "devices", "elastic", "mnist_lab")
 
 
 def __getattr__(name):

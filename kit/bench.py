@@ -28,6 +28,7 @@ BENCHES = {
     "network": "kit.netbench:bench",
     "gpu": "kit.gpu_bench:bench",
     "elastic": "kit.elastic:bench",
+    "mnist_lab": "kit.mnist_lab:bench",
 }
 
 
@@ -58,12 +59,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=[*BENCHES, "all"])
     p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the README)")
-    p.add_argument("--tiny", action="store_true", help="smallest settings: a smoke run (ps, allreduce, network)")
+    p.add_argument("--tiny", action="store_true",
+                   help="smallest settings: a smoke run (ps, allreduce, network, mnist_lab)")
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
     a = p.parse_args(argv)
     names = list(BENCHES) if a.name == "all" else [a.name]
     if a.name == "all" and os.geteuid() != 0:      # the lab's network namespaces need root
-        for lab_bench in ("network", "elastic"):
+        for lab_bench in ("network", "elastic", "mnist_lab"):
             print(f"kit.bench: skipping {lab_bench!r} (needs root for kit.netlab; run `sudo python -m kit.bench "
                   f"{lab_bench}`)")
             names.remove(lab_bench)

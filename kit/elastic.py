@@ -26,6 +26,8 @@ from .mnist import REPO, SCRIPT
 
 PAUSE = 1.0           # s without a finished batch that counts as a pause of training (an epoch's end takes less)
 GLOO_TIMEOUT = 10      # s: how long survivors wait in a collective for a peer behind a cut link (Horovod's is 30)
+DRIVER_GRACE = 30      # s horovodrun gets to exit after rank 0 printed DONE; then it is stopped (see run_on_lab)
+DONE = "done: elastic training ended"      # what the training script's rank 0 prints when training returned
 
 
 class ElasticError(RuntimeError):
@@ -172,8 +174,17 @@ def run_on_lab(lab, cut: str = "h2", cut_after: int = 30, restore_after: int = 4
         p = lab.launch(driver, cmd, cwd=str(REPO), env=env,
                        stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + timeout
+        deadline, t_done = time.time() + timeout, None
         while p.poll() is None and time.time() < deadline:
+            if t_done is None and DONE in Path(log).read_text(errors="replace"):
+                t_done = time.time()
+            if t_done and time.time() > t_done + DRIVER_GRACE:
+                # Rank 0's training returned, but horovodrun waits on: seen under load when a worker's SSH
+                # session ended with 255 while the job wound down. The result is complete; stop the driver.
+                p.kill()
+                p.wait()
+                lab.kill_jobs()
+                break
             ev = read_events(events)
             batches = [e for e in ev if e["event"] == "batch"]
             if t_cut is None and batches and batches[-1]["size"] == n and batches[-1]["done"] >= cut_after:
@@ -188,11 +199,13 @@ def run_on_lab(lab, cut: str = "h2", cut_after: int = 30, restore_after: int = 4
         if p.poll() is None:
             raise ElasticError(f"the elastic job did not finish within {timeout:.0f} s:\n{_tail(log)}")
         ev = read_events(events)
-        if p.returncode or t_restore is None:
+        stopped = t_done is not None and p.returncode < 0      # killed above, after training had ended
+        if (p.returncode and not stopped) or t_restore is None:
             why = f"failed ({p.returncode})" if p.returncode else "ended before the host was cut and restored"
             raise ElasticError(f"the elastic job {why}; raise epochs for a longer run:\n{_tail(log)}")
         return {"hosts": lab.hosts, "cut": cut, "rate": lab.rate, "commit_every": commit_every, "batch": batch,
                 "t0": ev[0]["t"] if ev else None, "t_cut": t_cut, "t_restore": t_restore, "events": ev,
+                "driver_stopped": stopped,
                 **summarize(ev, t_cut, t_restore)}
     finally:
         if t_cut and t_restore is None:

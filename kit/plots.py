@@ -237,5 +237,5 @@ def plot_fusion(fusion: dict, count: int, ax=None):
 
 
 # --- data, monitor, mnist: drawn in kit/plots_data.py (kept apart only for its size), one import point here ----
-from .plots_data import (plot_accuracy, plot_elastic, plot_history, plot_kinds, plot_monitor,  # noqa: E402,F401
-                         plot_sweep, plot_throughput, plot_timeline, plot_timelines)
+from .plots_data import (plot_accuracy, plot_elastic, plot_history, plot_kinds, plot_lab_scaling,  # noqa: E402,F401
+                         plot_monitor, plot_sweep, plot_throughput, plot_timeline, plot_timelines)

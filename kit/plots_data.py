@@ -177,3 +177,28 @@ def plot_elastic(run: dict, ax=None):
                  f"{run['commit_every']} batches")
     ax.legend(loc="lower right", fontsize=8)
     return ax
+
+
+def plot_lab_scaling(result: dict, ax=None):
+    """Draw kit.mnist_lab.scaling's runs: samples/s per (link rate, hosts); each step split into the allreduce
+    (Horovod timeline) and the rest. Returns the two Axes."""
+    ax, _ = _axes(ax, 2, (10, 3.4))
+    rates = list(dict.fromkeys(r["rate"] for r in result["runs"]))
+    sizes = list(dict.fromkeys(r["n"] for r in result["runs"]))
+    width = 0.8 / len(rates)
+    for i, rate in enumerate(rates):
+        rows = [next(r for r in result["runs"] if r["rate"] == rate and r["n"] == n) for n in sizes]
+        xs = [j + (i - (len(rates) - 1) / 2) * width for j in range(len(sizes))]
+        ax[0].bar(xs, [r["samples_per_s"] for r in rows], width, label=rate)
+        ax[1].bar(xs, [1e3 * (r["step_s"] - r["allreduce_s"]) for r in rows], width, color="0.75",
+                  label="rest of the step" if i == 0 else None)
+        ax[1].bar(xs, [1e3 * r["allreduce_s"] for r in rows], width, bottom=[1e3 * (r["step_s"] - r["allreduce_s"])
+                  for r in rows], label=f"allreduce at {rate}")
+    ax[0].axhline(result["one_worker"]["samples_per_s"], color="k", ls="--", lw=1, label="1 worker")
+    for a, ylabel in zip(ax, ("samples/s (job)", "ms per step")):
+        a.set_xticks(range(len(sizes)), [f"{n} hosts" for n in sizes])
+        a.set_ylabel(ylabel)
+        a.legend(fontsize=8)
+    ax[0].set_title("MNIST CNN, 1 worker per lab host")
+    ax[1].set_title("where a step's time goes (Horovod timeline)")
+    return ax

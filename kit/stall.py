@@ -180,15 +180,17 @@ class Watch:
                 self.suspect = find_stall(states, self.n, self.timeout / 2, time.time()) or self.suspect
         return self.stall
 
-    def after_interrupt(self, grace: float = 5.0) -> Stall | None:
-        """The kernel was interrupted and every engine sent SIGINT: wait up to `grace` s for the engines to stop.
+    def after_interrupt(self, grace: float = 15.0) -> Stall | None:
+        """The kernel was interrupted and every engine sent SIGINT: wait until every engine has either stopped or
+        waits in a collective (at most `grace` s: on a loaded machine a rank can take seconds to act on SIGINT).
         If a rank still waits in a collective that a stopped rank will never join, the collective was cut in half:
         record it, ask every engine to shut Horovod down (so the waiting call returns), and return it."""
         deadline = time.time() + grace
         while True:
             time.sleep(min(self.interval, max(0.0, deadline - time.time())))
             states = self.states()
-            if not any(s.get("busy") for s in states.values()) or time.time() >= deadline:
+            settled = all(not s.get("busy") or s.get("tensor") for s in states.values())
+            if (settled and len(states) == self.n) or time.time() >= deadline:
                 break
         cut = find_stall(states, self.n, 0.0, time.time() + 1e-6)
         if cut is None or self.stall is not None:
@@ -197,7 +199,7 @@ class Watch:
         open(os.path.join(self.folder, STOP), "w").close()
         # wait (a little) until the waiting ranks have left the cut collective: the interrupt pending in them then
         # ends that cell, not the next one
-        deadline = time.time() + 2 * grace
+        deadline = time.time() + grace
         while time.time() < deadline and any(self.states().get(r, {}).get("busy") for r in cut.waiting):
             time.sleep(self.interval / 2)
         return self.stall

@@ -48,9 +48,24 @@ def timeline_summary(intervals: list[dict]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def allreduce_seconds_per_step(intervals: list[dict]) -> float:
-    """Return the data-exchange time per training step: distinct (fused) allreduces, divided by the steps seen."""
-    ops = {(round(r["start"], 6), round(r["end"], 6)) for r in intervals if r["phase"].endswith("_ALLREDUCE")
-           and not r["phase"].startswith("NEGOTIATE") and r["tensor"].startswith("grads")}
-    steps = sum(1 for r in intervals if r["phase"] == "ALLREDUCE" and r["tensor"] == "grads_0")
-    return sum(end - start for start, end in ops) / max(steps, 1)
+def wall_seconds(spans) -> float:
+    """Return the wall-clock time covered by (start, end) spans that may overlap (each instant counted once)."""
+    total, reached = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        total += max(0.0, end - max(start, reached))
+        reached = max(reached, end)
+    return total
+
+
+def allreduce_seconds_per_step(intervals: list[dict], skip_steps: int = 0) -> float:
+    """Return the data-exchange time per training step: the wall-clock time during which some gradient was in the
+    backend's allreduce (GLOO_/MPI_/NCCL_ALLREDUCE: the transfer, not the negotiation or the fusion-buffer
+    copies), divided by the steps seen. Fused tensors share one transfer, and tensors overlap in time: each instant
+    counts once. `skip_steps`: leave out the first steps (warm-up: graph building, the first synchronisation)."""
+    starts = sorted(r["start"] for r in intervals if r["phase"] == "ALLREDUCE" and r["tensor"] == "grads_0")
+    if skip_steps and skip_steps >= len(starts):
+        raise ValueError(f"the timeline has {len(starts)} steps: cannot leave out {skip_steps}")
+    t0 = starts[skip_steps] if skip_steps else float("-inf")
+    spans = [(r["start"], r["end"]) for r in intervals if r["phase"].endswith("_ALLREDUCE") and r["depth"] > 0
+             and not r["phase"].startswith("NEGOTIATE") and r["tensor"].startswith("grads") and r["start"] >= t0]
+    return wall_seconds(spans) / max(len(starts) - skip_steps, 1)

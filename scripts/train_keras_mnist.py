@@ -31,6 +31,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None, help="TF intra-op threads per worker")
     p.add_argument("--inter-op-threads", type=int, default=None, help="TF inter-op threads per worker")
     p.add_argument("--pin", action="store_true", help="pin each worker's threads to one core (by local rank)")
+    p.add_argument("--pin-by-rank", action="store_true",
+                   help="pin by global rank instead: for emulated hosts (kit.netlab) that share one machine's cores")
     p.add_argument("--synthetic-steps", type=int, default=0,
                    help="measure samples/s on random data for this many steps instead of training")
     p.add_argument("--json", default=None, help="rank 0 writes the history / throughput here")
@@ -44,8 +46,8 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     from kit import env, mnist
-    if args.pin:
-        env.pin_to_core()                                 # by the launcher's local rank, before TF starts threads
+    if args.pin or args.pin_by_rank:                      # by the launcher's (local) rank, before TF starts threads
+        env.pin_to_core(env.rank() if args.pin_by_rank else None)
     if args.threads:
         os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
     if args.inter_op_threads:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kit import mnist
+from kit import mnist, timeline
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -120,6 +120,24 @@ def test_timeline_parser_reads_an_unfinished_file_and_plots(tmp_path):
     ax = mnist.plot_timeline(rows)
     assert len(ax.collections) == 3 and ax.get_yticklabels()[0].get_text() == "grads_4"
 
+
+
+def test_exchange_per_step_counts_fused_and_overlapping_transfers_once():
+    """Two steps; in each, grads_0 goes alone (1 ms) and grads_4/grads_5 share one fused transfer (10 ms, their
+    recorded starts 0.1 ms apart), overlapping grads_0's by 0.5 ms: 10.5 ms of wall clock per step, not 21."""
+    def span(tensor, phase, start_ms, end_ms, depth):
+        return {"tensor": tensor, "phase": phase, "depth": depth, "start": start_ms / 1e3, "end": end_ms / 1e3}
+    rows = []
+    for t in (0.0, 100.0):
+        rows += [span("grads_0", "NEGOTIATE_ALLREDUCE", t - 5, t, 0), span("grads_0", "ALLREDUCE", t, t + 1.2, 0),
+                 span("grads_0", "GLOO_ALLREDUCE", t, t + 1, 1),
+                 span("grads_4", "GLOO_ALLREDUCE", t + 0.5, t + 10.5, 1),
+                 span("grads_5", "GLOO_ALLREDUCE", t + 0.6, t + 10.5, 1),
+                 span("grads_5", "MEMCPY_IN_FUSION_BUFFER", t + 20, t + 30, 1)]
+    assert timeline.allreduce_seconds_per_step(rows) == pytest.approx(0.0105)
+    assert timeline.allreduce_seconds_per_step(rows, skip_steps=1) == pytest.approx(0.0105)
+    with pytest.raises(ValueError, match="the timeline has 2 steps: cannot leave out 2"):
+        timeline.allreduce_seconds_per_step(rows, skip_steps=2)
 
 # ----------------------------------------------------------------------------------- the script
 def check_trained(out: str, json_path: Path, epochs: int):
