@@ -194,6 +194,9 @@ def plot_lab_scaling(result: dict, ax=None):
                   label="rest of the step" if i == 0 else None)
         ax[1].bar(xs, [1e3 * r["allreduce_s"] for r in rows], width, bottom=[1e3 * (r["step_s"] - r["allreduce_s"])
                   for r in rows], label=f"allreduce at {rate}")
+        ax[1].hlines([1e3 * (r["step_s"] - r["allreduce_s"] + r["link_s"]) for r in rows],
+                     [x - width / 2 for x in xs], [x + width / 2 for x in xs], colors="k",
+                     label="the wire alone: 2(N−1)/N·K/B" if i == 0 else None)
     ax[0].axhline(result["one_worker"]["samples_per_s"], color="k", ls="--", lw=1, label="1 worker")
     for a, ylabel in zip(ax, ("samples/s (job)", "ms per step")):
         a.set_xticks(range(len(sizes)), [f"{n} hosts" for n in sizes])
