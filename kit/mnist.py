@@ -33,6 +33,7 @@ BATCH = 128             # the classic example's batch size (per worker)
 EPOCHS = 12             # the classic example trains 12 epochs; sharded, N workers keep the 12 (see shard)
 BASE_LR = 1.0           # Adadelta's learning rate in the classic Keras example
 WARMUP_EPOCHS = 3       # gradual warmup from lr to lr * size (Goyal et al.; Horovod's Keras example uses 3)
+SYNTHETIC_WARMUP = 10   # steps synthetic_throughput runs before it starts timing (graph building, first sync)
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "train_keras_mnist.py"
 
@@ -156,7 +157,7 @@ def engine_throughput(steps: int = 60, distributed: bool = True) -> dict:
     return synthetic_throughput(hvd if distributed else None, steps=steps)
 
 
-def synthetic_throughput(hvd=None, steps: int = 60, warmup: int = 10, batch: int = BATCH) -> dict:
+def synthetic_throughput(hvd=None, steps: int = 60, warmup: int = SYNTHETIC_WARMUP, batch: int = BATCH) -> dict:
     """Train the CNN on random data for warmup + steps batches per rank; return the job's samples/s.
 
     hvd=None: one plain Keras process (the baseline); else every rank of the Horovod job must call it.

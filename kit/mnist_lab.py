@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 
 from . import scratch, timeline
-from .mnist import BATCH, REPO, SCRIPT
+from .mnist import REPO, SCRIPT, SYNTHETIC_WARMUP as WARMUP  # steps left out of samples/s
 
-WARMUP = 10                               # steps the script leaves out of its samples/s (graph building, first sync)
 # one compute thread per worker, pinned to core (rank mod cores): the lab's hosts share this machine's cores (on
 # a real cluster, one worker per host, --pin would pin by local rank; here every local rank is 0)
 THREADS = ["--threads", "1", "--inter-op-threads", "1", "--pin-by-rank"]
@@ -44,6 +43,8 @@ def run_on_lab(lab, n: int, steps: int = 30, timeout: float = 600) -> dict:
     """Run the synthetic MNIST job on the lab's first `n` hosts (1 worker each) at the lab's current rate."""
     if not 1 <= n <= len(lab.hosts):
         raise ValueError(f"n={n}: the lab has {len(lab.hosts)} hosts; start it with netlab.start(hosts={n})")
+    if steps < 1:
+        raise ValueError(f"steps={steps}: give at least 1 timed step (the job runs {WARMUP} warm-up steps first)")
     folder = scratch.make("mnist-lab")
     out, trace = Path(folder, "result.json"), Path(folder, "timeline.json")
     bin_ = Path(sys.executable).parent

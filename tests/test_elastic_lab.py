@@ -89,3 +89,64 @@ def test_training_survives_a_cut_host_and_takes_it_back():
         assert not any(netlab.ns_pids(lab.ns(h)) - sshd for h in lab.hosts)
     left = set(os.listdir(scratch.root())) if os.path.isdir(scratch.root()) else set()
     assert not {n for n in left - scratch_before if n.startswith("elastic-")}
+
+
+FAKE_JOB = r'''
+import json, os, sys, time
+events, flags = sys.argv[sys.argv.index("--events") + 1], sys.argv[1]
+done = 0
+def write(event, size, **extra):
+    with open(events, "a") as f:
+        f.write(json.dumps({"t": time.time(), "event": event, "size": size, "host": "h1", "done": done, **extra}) + "\n")
+def batches(size, n):
+    global done
+    for _ in range(n):
+        done += 1
+        write("batch", size)
+        time.sleep(0.01)
+def wait_for(name):
+    while not os.path.exists(os.path.join(flags, name)):
+        time.sleep(0.05)
+write("start", 2); batches(2, 30)
+wait_for("cut"); done -= 3; write("start", 1); batches(1, 45)
+wait_for("restore"); write("start", 2); batches(2, 5)
+write("epoch", 2, accuracy=0.9); write("end", 2)
+print("done: elastic training ended on 2 worker(s) after", done, "batches", flush=True)
+time.sleep(600)            # horovodrun that does not exit after the training ended
+'''
+
+
+class FakeLab:
+    """Stands in for a lab: `launch` starts FAKE_JOB, which follows cut and restore through flag files."""
+    def __init__(self, folder):
+        self.hosts, self.rate, self.dir, self.flags, self.killed = ["h1", "h2"], "1gbit", str(folder), folder, []
+        self.proc = None
+
+    def launch_env(self):
+        return {"PATH": os.environ["PATH"]}
+
+    def launch(self, host, cmd, cwd=None, env=None, **popen_kw):
+        import subprocess
+        import sys
+        self.proc = subprocess.Popen([sys.executable, "-c", FAKE_JOB, str(self.flags), *cmd], **popen_kw)
+        return self.proc
+
+    def cut(self, host):
+        (self.flags / "cut").touch()
+
+    def restore(self, host):
+        (self.flags / "restore").touch()
+
+    def kill_jobs(self):
+        self.killed.append(time.time())
+
+
+@pytest.mark.timeout(60)
+def test_a_driver_that_lingers_after_training_ended_is_stopped_and_the_run_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(elastic, "DRIVER_GRACE", 1.0)
+    lab = FakeLab(tmp_path)
+    t0 = time.time()
+    run = elastic.run_on_lab(lab, cut="h2", cut_after=25, restore_after=30, timeout=40)
+    assert time.time() - t0 < 20                          # not the 40 s timeout: stopped after the 1 s grace
+    assert run["driver_stopped"] and run["finished"] and lab.killed and lab.proc.poll() is not None
+    assert run["lost_batches"] == [3] and run["final_accuracy"] == 0.9
