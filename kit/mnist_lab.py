@@ -92,29 +92,17 @@ def scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"), steps: int = 30) -> di
     return {"gradient_bytes": k, "one_worker": one, "runs": runs, "cores": len(os.sched_getaffinity(0))}
 
 
-def summary_table(result: dict) -> str:
-    """Return the runs as a text table (notebook 04 prints it; the README's table is the same rows)."""
+def table(result: dict) -> str:
+    """Return the runs as a markdown table: notebook 04 shows it, the README has the benchmark's (checked)."""
     one = result["one_worker"]
-    lines = [f"1 worker, no network: {one['samples_per_s']:,.0f} samples/s, {1e3 * one['step_s']:.0f} ms per step",
-             f"{'link':>7s} {'hosts':>5s} {'samples/s':>9s} {'speed-up':>8s} {'step ms':>7s} {'allreduce ms':>12s} "
-             f"{'share':>5s} {'link alone ms':>13s} {'cores busy/worker':>17s}"]
-    for r in result["runs"]:
-        lines.append(f"{r['rate']:>7s} {r['n']:5d} {r['samples_per_s']:9,.0f} {r['speedup']:7.2f}x "
-                     f"{1e3 * r['step_s']:7.0f} {1e3 * r['allreduce_s']:12.1f} {r['allreduce_share']:5.0%} "
-                     f"{1e3 * r['link_s']:13.1f} {sum(r['cores_busy']) / r['n']:17.2f}")
-    return "\n".join(lines)
-
-
-def readme_table(result: dict) -> str:
-    """Return the README's table of a `python -m kit.bench mnist_lab` run (checked by test_packaging)."""
-    one = result["one_worker"]
-    out = ["| link | hosts | samples/s | speed-up | ms per step | allreduce ms (share) | link alone ms |",
-           "|---|---|---|---|---|---|---|",
-           f"| none | 1 | {one['samples_per_s']:,.0f} | 1.00× | {1e3 * one['step_s']:.0f} | – | – |"]
+    out = ["| link | hosts | samples/s | speed-up | ms per step | allreduce ms (share) | link alone ms | "
+           "cores busy per worker |", "|---|---|---|---|---|---|---|---|",
+           f"| none | 1 | {one['samples_per_s']:,.0f} | 1.00× | {1e3 * one['step_s']:.0f} | – | – | "
+           f"{one['cores_busy'][0]:.2f} |"]
     for r in result["runs"]:
         out.append(f"| {r['rate']} | {r['n']} | {r['samples_per_s']:,.0f} | {r['speedup']:.2f}× | "
                    f"{1e3 * r['step_s']:.0f} | {1e3 * r['allreduce_s']:.1f} ({r['allreduce_share']:.0%}) | "
-                   f"{1e3 * r['link_s']:.1f} |")
+                   f"{1e3 * r['link_s']:.1f} | {sum(r['cores_busy']) / r['n']:.2f} |")
     return "\n".join(out)
 
 

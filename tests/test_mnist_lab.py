@@ -43,7 +43,7 @@ def test_the_mnist_job_on_two_lab_hosts(tmp_path, no_leaks):
     assert len(run["cores_busy"]) == 2 and len(one["cores_busy"]) == 1
     assert (tmp_path / "mnist_lab.png").stat().st_size > 1000
     assert done.stdout.strip().splitlines()[-1] == doc["summary"]
-    table = mnist_lab.readme_table(doc)
+    table = mnist_lab.table(doc)
     assert table.count("\n") == 3 and f"{run['speedup']:.2f}×" in table
     # the wire's time equals one worker's step at the crossover rate
     assert mnist_lab.crossover_rate(doc) / 8 * one["step_s"] == pytest.approx(4 * PARAMS)

@@ -188,9 +188,9 @@ def test_the_readme_mnist_table_is_what_results_mnist_json_measured():
 def test_the_readme_mnist_lab_table_is_what_results_mnist_lab_json_measured():
     """The README's MNIST-on-lab-hosts table and summary line are `python -m kit.bench mnist_lab`'s JSON."""
     import json
-    from kit.mnist_lab import readme_table
+    from kit.mnist_lab import table
     x = json.loads((ROOT / "results" / "mnist_lab.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### 04 · The MNIST job on lab hosts"):readme.index("### Elastic Horovod on the lab")]
-    assert readme_table(x) in section and f"K =\n{x['gradient_bytes']:,} bytes" in section
+    assert table(x) in section and f"K =\n{x['gradient_bytes']:,} bytes" in section
     assert "> " + x["summary"] in section
