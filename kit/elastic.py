@@ -183,7 +183,6 @@ def run_on_lab(lab, cut: str = "h2", cut_after: int = 30, restore_after: int = 4
                 # session ended with 255 while the job wound down. The result is complete; stop the driver.
                 p.kill()
                 p.wait()
-                lab.kill_jobs()
                 break
             ev = read_events(events)
             batches = [e for e in ev if e["event"] == "batch"]
@@ -199,13 +198,19 @@ def run_on_lab(lab, cut: str = "h2", cut_after: int = 30, restore_after: int = 4
         if p.poll() is None:
             raise ElasticError(f"the elastic job did not finish within {timeout:.0f} s:\n{_tail(log)}")
         ev = read_events(events)
-        stopped = t_done is not None and p.returncode < 0      # killed above, after training had ended
-        if (p.returncode and not stopped) or t_restore is None:
-            why = f"failed ({p.returncode})" if p.returncode else "ended before the host was cut and restored"
-            raise ElasticError(f"the elastic job {why}; raise epochs for a longer run:\n{_tail(log)}")
+        trained = DONE in Path(log).read_text(errors="replace")      # rank 0's training returned
+        if p.returncode and not trained:
+            raise ElasticError(f"the elastic job failed ({p.returncode}):\n{_tail(log)}")
+        if t_restore is None:
+            raise ElasticError(f"the elastic job ended before the host was cut and restored; raise epochs for a "
+                               f"longer run:\n{_tail(log)}")
+        # driver_exit: horovodrun's exit status. Not 0 only after rank 0's training had ended: < 0, the kit
+        # stopped a horovodrun that did not exit within DRIVER_GRACE; > 0, horovodrun reported a worker's exit
+        # status at shutdown (seen under load: the rejoined worker's SSH session ended with 255 as the job
+        # wound down). Either way the training and its events are complete.
         return {"hosts": lab.hosts, "cut": cut, "rate": lab.rate, "commit_every": commit_every, "batch": batch,
                 "t0": ev[0]["t"] if ev else None, "t_cut": t_cut, "t_restore": t_restore, "events": ev,
-                "driver_stopped": stopped,
+                "driver_exit": p.returncode,
                 **summarize(ev, t_cut, t_restore)}
     finally:
         if t_cut and t_restore is None:
@@ -213,7 +218,8 @@ def run_on_lab(lab, cut: str = "h2", cut_after: int = 30, restore_after: int = 4
         if p.poll() is None:
             p.kill()
             p.wait()
-            lab.kill_jobs()                   # horovodrun and the ranks it started on the hosts
+        if p.returncode:                      # stopped, or failed: what horovodrun started may be left on the hosts
+            lab.kill_jobs()
         scratch.remove(folder)
 
 

@@ -148,5 +148,5 @@ def test_a_driver_that_lingers_after_training_ended_is_stopped_and_the_run_repor
     t0 = time.time()
     run = elastic.run_on_lab(lab, cut="h2", cut_after=25, restore_after=30, timeout=40)
     assert time.time() - t0 < 20                          # not the 40 s timeout: stopped after the 1 s grace
-    assert run["driver_stopped"] and run["finished"] and lab.killed and lab.proc.poll() is not None
+    assert run["driver_exit"] < 0 and run["finished"] and lab.killed and lab.proc.poll() is not None
     assert run["lost_batches"] == [3] and run["final_accuracy"] == 0.9
