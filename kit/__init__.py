@@ -1,30 +1,50 @@
-"""kit: plumbing for the notebooks (clusters, data, monitors, plots, benchmarks).
+"""kit: plumbing for the notebooks (clusters, the lab, communication, data, MNIST, plots, benchmarks).
 
-The algorithms being taught live in the notebooks; this package hides only what every notebook would
-otherwise repeat. One concept per module: ``kit.cluster``, ``kit.data``, ``kit.monitor``, ``kit.ps``,
-``kit.ring``, ``kit.bench``, ``kit.plots``; ``kit.env`` holds the framework environment (Keras 2, cores, ranks).
+The algorithms being taught live in the notebooks; this package hides only what every notebook would otherwise
+repeat. Its floors, each importing only from the floors below it (docs/design.md draws them):
+
+    kit.bench                                   one module per `python -m kit.bench NAME` target
+    kit.mnist  kit.data  kit.netlab             Horovod MNIST jobs; the input pipeline; the emulated-host lab
+    kit.cluster  kit.plots                      engines as one job; every figure
+    kit.comm                                    links, parameter server, ring, cost model
+    kit.env  kit.sysinfo  kit.scratch  kit.datasets     the base
+
+Every submodule loads on first use: ``import kit; kit.comm.ring.allreduce`` works without importing it first.
 """
 from importlib import import_module as _import_module
+import pkgutil as _pkgutil
 
-from . import env as _env
+from kit import env as _env
 
 # Horovod's Keras integration needs the Keras 2 API (tf-keras), chosen before TensorFlow is first imported
-# (README "Why tf-keras"). kit.env is the one place that knows the variables; engines get them too.
+# (docs/install.md "Why tf-keras"). kit.env is the one place that knows the variables; engines get them too.
 _env.use_legacy_keras()
 # With a CUDA build of PyTorch (Triton installed), Triton must load before TensorFlow or it segfaults later.
 _env.load_triton_before_tensorflow()
 
 __version__ = "0.1.0"
-_SUBMODULES = ("env", "cluster", "launchers", "engines", "datasets", "sysinfo", "data", "data_tf", "monitor",
-               "profiler", "ps", "mlp", "ps_bench", "link", "costmodel", "ring", "ring_sim", "ring_bench", "bench",
-               "plots", "plots_data", "mnist", "checkpoint", "timeline", "netlab", "netlab_ssh", "netlab_rate",
-               "remote", "stall", "scratch", "devices", "elastic", "mnist_lab")
+
+
+def _lazy_submodules(name: str, path, namespace: dict):
+    """Return (__getattr__, __dir__) for package `name`: its submodules and subpackages, found on disk, load on
+    first attribute access (so that `import kit` stays fast and imports no framework)."""
+    subs = {m.name for m in _pkgutil.iter_modules(path) if not m.name.startswith("_")}
+
+    def __getattr__(attr):
+        if attr in subs:
+            return _import_module(f"{name}.{attr}")
+        raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+
+    def __dir__():
+        return sorted(set(namespace) | subs)
+
+    return __getattr__, __dir__
+
+
+_getattr, __dir__ = _lazy_submodules(__name__, __path__, globals())
 
 
 def __getattr__(name):
-    """Import submodules lazily, so that `import kit` stays fast and imports no framework."""
-    if name in _SUBMODULES:
-        return _import_module(f"{__name__}.{name}")
-    if name == "profile_loader":
-        return _import_module(f"{__name__}.profiler").profile_loader
-    raise AttributeError(f"module 'kit' has no attribute {name!r}")
+    if name == "profile_loader":       # notebook 01's one-call profiler
+        return _import_module("kit.data.profiler").profile_loader
+    return _getattr(name)

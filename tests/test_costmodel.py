@@ -1,8 +1,8 @@
-"""kit.costmodel: the α–β formulas in one vocabulary (N workers, K bytes, k servers, alpha, B) and the one fit."""
+"""kit.comm.costmodel: the α–β formulas in one vocabulary (N workers, K bytes, k servers, alpha, B) and the one fit."""
 import numpy as np
 import pytest
 
-from kit import costmodel as cm
+from kit.comm import costmodel as cm
 
 
 def test_parameter_server_pays_alpha_per_message_at_the_server():

@@ -1,4 +1,4 @@
-"""Notebook 01's kit: the image pipeline (kit.data), the utilization monitor and the loader profiler (kit.monitor).
+"""Notebook 01's kit: the image pipeline (kit.data), the utilization monitor and the loader profiler (kit.data.monitor).
 
 Correctness only: the monitor's busy fraction on loops of known wait/compute durations, the step-time model,
 the profiler's recommendation, and the error paths (bad num_workers, a failing sample inside a worker).
@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from kit import data, data_tf, monitor, profiler
+from kit import data
+from kit.data import tfdata as data_tf, monitor, profiler
 
 
 @pytest.fixture(scope="module")

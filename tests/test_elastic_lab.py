@@ -1,4 +1,4 @@
-"""Elastic Horovod (kit.elastic, scripts/train_keras_mnist.py --elastic): host discovery, the event arithmetic,
+"""Elastic Horovod (kit.mnist.elastic, scripts/train_keras_mnist.py --elastic): host discovery, the event arithmetic,
 and, on a 2-host lab (root), a job that loses h2's link mid-training, carries on alone and takes h2 back."""
 import os
 import socket
@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from kit import elastic, netlab, scratch
+from kit.mnist import elastic
+from kit import netlab, scratch
 
 ROOT = os.geteuid() == 0
 

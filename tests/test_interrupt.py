@@ -14,7 +14,7 @@ import time
 import pytest
 
 import kit.cluster as kc
-from kit import stall
+from kit.cluster import stall
 
 
 def S(busy, tensor=None, since=None):

@@ -1,18 +1,133 @@
-"""The package itself: every submodule `kit` advertises imports (lazily, by attribute); Triton before TensorFlow."""
+"""The package itself: its floors (no import circle, nothing importing upward, small modules), every submodule
+reachable by attribute from `kit` (found by walking the package, not from a list), every `kit.x.y` the README,
+the docs, the notebooks and the docstrings name resolves; Triton before TensorFlow."""
+import ast
+import glob
 import importlib
+import json
 import os
+import pkgutil
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import kit
 
+PKG = Path(kit.__path__[0])
+REPO_DIR = PKG.parent
+# The floors, bottom up: a module may import from its own floor or below, never above (docs/design.md).
+FLOORS = [("kit", "kit.env", "kit.sysinfo", "kit.scratch", "kit.datasets"), ("kit.comm",), ("kit.cluster", "kit.plots"),
+          ("kit.netlab", "kit.data"), ("kit.mnist",), ("kit.bench",)]
+MAX_LINES = 350
 
-@pytest.mark.parametrize("name", kit._SUBMODULES)
-def test_every_advertised_submodule_imports(name):
-    module = getattr(kit, name)
-    assert module is importlib.import_module(f"kit.{name}")
+
+def _modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.walk_packages(kit.__path__, "kit.") if not m.name.endswith("__main__"))
+
+
+def _floor(module: str) -> int:
+    unit = module if module.count(".") < 1 else ".".join(module.split(".")[:2])
+    for i, names in enumerate(FLOORS):
+        if unit in names:
+            return i
+    raise AssertionError(f"{module}: on no floor of FLOORS (tests/test_kit.py, docs/design.md): add its package")
+
+
+def _imports(module: str) -> set[str]:
+    """The kit modules `module` imports (at the top or inside functions)."""
+    path = PKG.parent / (module.replace(".", "/") + ("/__init__.py" if (PKG.parent / module.replace(".", "/")).is_dir()
+                                                      else ".py"))
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("kit")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("kit") and not node.level:
+            for a in node.names:       # `from kit.x import y`: y is a module when it is one
+                sub = f"{node.module}.{a.name}"
+                out.add(sub if importlib.util.find_spec(node.module) and sub in _modules() else node.module)
+    return out - {module}
+
+
+def test_the_package_is_walked_and_every_module_is_on_a_floor():
+    mods = _modules()
+    assert {"kit.comm.ring", "kit.netlab.lab", "kit.bench.network", "kit.mnist.train"} <= set(mods)
+    for m in mods:
+        _floor(m)
+
+
+@pytest.mark.parametrize("name", _modules())
+def test_every_submodule_is_reachable_by_attribute(name):
+    obj = kit
+    for part in name.split(".")[1:]:
+        obj = getattr(obj, part)
+    assert obj is importlib.import_module(name)
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    upward = [f"{m} -> {i}" for m in _modules() for i in _imports(m) if _floor(i) > _floor(m)]
+    assert not upward, "imports that go up a floor:\n" + "\n".join(upward)
+
+
+def test_no_import_circle():
+    nodes = set(_modules())
+    graph = {m: {i for i in _imports(m) if i in nodes} for m in nodes}
+    # a package's __init__ re-exports its modules (the face); only module-to-module edges can make a circle
+    graph = {m: {i for i in deps if not _is_package(i)} for m, deps in graph.items() if not _is_package(m)}
+    seen, stack, circles = set(), [], []
+
+    def visit(m):
+        if m in stack:
+            circles.append(stack[stack.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        stack.append(m)
+        for d in sorted(graph[m]):
+            visit(d)
+        stack.pop()
+    for m in sorted(graph):
+        visit(m)
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def _is_package(name: str) -> bool:
+    return (REPO_DIR / name.replace(".", "/")).is_dir()
+
+
+def test_no_module_is_over_the_size_limit():
+    big = {str(p.relative_to(REPO_DIR)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines (split them by concept): {big}"
+
+
+def _named_in_text() -> dict[str, str]:
+    """Every `kit.a.b...` written in the README, docs/, the notebooks' sources and kit's own files: {name: where}."""
+    texts = {str(p.relative_to(REPO_DIR)): p.read_text() for p in
+             [REPO_DIR / "README.md", *REPO_DIR.glob("docs/*.md"), *PKG.rglob("*.py")] if p.exists()}
+    for nb in glob.glob(str(REPO_DIR / "notebooks/**/*.ipynb"), recursive=True):
+        texts[os.path.relpath(nb, REPO_DIR)] = "\n".join("".join(c["source"]) for c in json.load(open(nb))["cells"])
+    names = {}
+    for where, text in texts.items():
+        for m in re.finditer(r"(?<![\w./'\"-])kit(?:\.[A-Za-z_]\w*)+", text):
+            names.setdefault(m.group(0), where)
+    return names
+
+
+def test_every_kit_name_the_docs_and_docstrings_write_resolves():
+    bad = []
+    for name, where in sorted(_named_in_text().items()):
+        obj = kit
+        for part in name.split(".")[1:]:
+            if not hasattr(obj, part):
+                if not isinstance(obj, type(kit)):  # an attribute of a class or function: not ours to check
+                    break
+                bad.append(f"{name} ({where}): no {part!r} in {obj.__name__}")
+                break
+            obj = getattr(obj, part)
+    assert not bad, "names that do not resolve:\n" + "\n".join(bad)
 
 
 def test_unknown_attribute_is_a_clear_attribute_error():
@@ -21,7 +136,7 @@ def test_unknown_attribute_is_a_clear_attribute_error():
 
 
 def test_profile_loader_is_reachable_from_the_package():
-    assert kit.profile_loader is importlib.import_module("kit.profiler").profile_loader
+    assert kit.profile_loader is importlib.import_module("kit.data.profiler").profile_loader
 
 
 def _import_order(tmp_path, code):

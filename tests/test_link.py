@@ -1,10 +1,10 @@
-"""kit.link: one counted point-to-point link with a deadline, and one error type for a lost peer."""
+"""kit.comm.link: one counted point-to-point link with a deadline, and one error type for a lost peer."""
 import time
 
 import pytest
 import torch.distributed as dist
 
-from kit.link import Link, PeerLostError
+from kit.comm.link import Link, PeerLostError
 
 
 class Done:

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kit import mnist, timeline
+from kit import mnist
+from kit.mnist import timeline
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

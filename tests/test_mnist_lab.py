@@ -1,4 +1,4 @@
-"""kit.mnist_lab through `python -m kit.bench mnist_lab --tiny`: notebook 04's MNIST job on 2 lab hosts at 1 Gbit/s.
+"""kit.mnist.lab through `python -m kit.bench mnist_lab --tiny`: notebook 04's MNIST job on 2 lab hosts at 1 Gbit/s.
 The job runs, the timeline's exchange per step is there and no faster than the wire allows, the model's numbers
 follow from the CNN's size, and the JSON, figure and summary line are written.
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import mnist_lab
+from kit.mnist import lab as mnist_lab
 
 ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parent.parent

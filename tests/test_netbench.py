@@ -1,4 +1,4 @@
-"""kit.netbench on a 2-host lab (plus the PS server's host) at a small size: the bytes each NIC counted are what
+"""kit.bench.network on a 2-host lab (plus the PS server's host) at a small size: the bytes each NIC counted are what
 the model says (2(N-1)/N·K for the ring and the BytePS arrangement, N·K in and out at the PS server, K at each
 PS worker) up to the TCP/IP headers, and the times are near the α–β model built from the lab's own ping-pong.
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from kit import netbench
-from kit.netbench_plots import bytes_error, ratios
+from kit.bench import network as netbench
+from kit.plots.network import bytes_error, ratios
 
 ROOT = os.geteuid() == 0
 pytestmark = [pytest.mark.slow,

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kit import mnist, netlab, netlab_ssh
+from kit import mnist, netlab
+from kit.netlab import ssh as netlab_ssh
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -2,7 +2,7 @@
 
 The OOM killer is made to strike one engine only: that engine is moved into a memory cgroup with a small limit
 (root; CI runs as root) and allocates more. The kernel logs "Memory cgroup out of memory: Killed process PID",
-which the kit reads (kit.engines.how_it_died) where the kernel log is readable (root, or dmesg_restrict=0).
+which the kit reads (kit.cluster.engines.how_it_died) where the kernel log is readable (root, or dmesg_restrict=0).
 """
 import os
 import time
@@ -12,7 +12,7 @@ import pytest
 
 import kit.cluster as kc
 from conftest import importable
-from kit import engines
+from kit.cluster import engines
 
 ROOT = os.geteuid() == 0
 

@@ -136,7 +136,7 @@ def test_the_readme_gpu_table_is_what_results_gpu_json_measured():
 def test_the_readme_elastic_table_is_what_results_elastic_json_measured():
     """The README's elastic numbers are `python -m kit.bench elastic`'s, computed from its events."""
     import json
-    from kit import elastic
+    from kit.mnist import elastic
     r = json.loads((ROOT / "results" / "elastic.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### Elastic Horovod on the lab"):readme.index("## Layout")]
@@ -154,7 +154,7 @@ def test_the_readme_elastic_table_is_what_results_elastic_json_measured():
 def test_the_readme_network_tables_are_what_results_network_json_measured():
     """The README's network tables and summary line are `python -m kit.bench network`'s JSON, rendered."""
     import json
-    from kit.netbench_plots import readme_tables
+    from kit.plots.network import readme_tables
     x = json.loads((ROOT / "results" / "network.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### Ring and parameter server on a network"):readme.index("### 04 · Horovod")]
@@ -165,7 +165,7 @@ def test_the_readme_network_tables_are_what_results_network_json_measured():
 def test_the_readme_allreduce_table_is_what_results_allreduce_json_measured():
     """The README's loopback allreduce table and summary line are `python -m kit.bench allreduce`'s JSON."""
     import json
-    from kit.ring_bench import readme_table
+    from kit.bench.allreduce import readme_table
     x = json.loads((ROOT / "results" / "allreduce.json").read_text())
     readme = (ROOT / "README.md").read_text()
     start, end = readme.index("### 03 · Ring-allreduce"), readme.index("### Ring and parameter server on a network")
@@ -188,7 +188,7 @@ def test_the_readme_mnist_table_is_what_results_mnist_json_measured():
 def test_the_readme_mnist_lab_table_is_what_results_mnist_lab_json_measured():
     """The README's MNIST-on-lab-hosts table and summary line are `python -m kit.bench mnist_lab`'s JSON."""
     import json
-    from kit.mnist_lab import table
+    from kit.mnist.lab import table
     x = json.loads((ROOT / "results" / "mnist_lab.json").read_text())
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("### 04 · The MNIST job on lab hosts"):readme.index("### Elastic Horovod on the lab")]

@@ -1,4 +1,4 @@
-"""kit.ps: the parameter server equals single-process SGD, counts its bytes exactly, and fails loudly.
+"""kit.comm.ps: the parameter server equals single-process SGD, counts its bytes exactly, and fails loudly.
 
 Every test is independent of the others' order: the one that kills an engine starts a cluster of its own.
 """
@@ -10,8 +10,9 @@ import pytest
 
 import kit
 from conftest import descendants
-from kit import ps, ps_bench
-from kit.costmodel import measure_alpha_beta
+from kit.comm import ps
+from kit.bench import ps as ps_bench
+from kit.comm.costmodel import measure_alpha_beta
 
 
 def test_shards_cover_the_vector_once():

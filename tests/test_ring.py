@@ -1,4 +1,4 @@
-"""kit.ring and kit.ring_sim: the simulation and the real ring equal the sum of the inputs (numpy, torch.distributed,
+"""kit.comm.ring and kit.comm.ring_sim: the simulation and the real ring equal the sum of the inputs (numpy, torch.distributed,
 Horovod), whatever the tensor's layout, and a dead neighbour is a clear error by the deadline."""
 import os
 import time
@@ -9,9 +9,10 @@ import pytest
 
 import kit
 from conftest import descendants, importable
-from kit import ring, ring_bench, ring_sim
-from kit.costmodel import ring_bytes
-from kit.link import PeerLostError
+from kit.comm import ring, ring_sim
+from kit.bench import allreduce as ring_bench
+from kit.comm.costmodel import ring_bytes
+from kit.comm.link import PeerLostError
 
 SHAPES = [(0,), (1,), (2,), (10,), (17,), (1000,), (3, 5), (2, 3, 7)]   # empty, < N, N ∤ len, multi-dim
 TOL = {"float32": dict(rtol=1e-5, atol=1e-5), "float64": dict(rtol=1e-12, atol=1e-12)}
@@ -88,7 +89,7 @@ def _engine_compare(shape, dtype, seed):
     import torch
     import torch.distributed as dist
     import horovod.torch as hvd
-    import kit.ring as ring
+    import kit.comm.ring as ring
     rank, size = int(os.environ["KIT_RANK"]), int(os.environ["KIT_SIZE"])
     inputs = [np.random.default_rng([seed, r]).standard_normal(shape).astype(dtype) for r in range(size)]
     mine = torch.from_numpy(inputs[rank])
@@ -153,7 +154,7 @@ def _engine_mismatch(bad_rank, kind):
     """Every rank calls allreduce; `bad_rank` passes another shape or dtype. Return the error, then a good sum."""
     import os
     import torch
-    import kit.ring as ring
+    import kit.comm.ring as ring
     rank = int(os.environ["KIT_RANK"])
     t = torch.ones(6, dtype=torch.float32)
     if rank == bad_rank:
@@ -184,7 +185,7 @@ def test_mismatch_is_a_clear_error_on_every_rank(cluster3, kind):
 def _engine_allreduce_timed():
     import time
     import torch
-    import kit.ring as ring
+    import kit.comm.ring as ring
     t0 = time.perf_counter()
     try:
         ring.allreduce(torch.ones(1000))

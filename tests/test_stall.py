@@ -1,4 +1,4 @@
-"""kit.stall: a rank that never joins a collective is named, within the cluster's timeout; restart() recovers."""
+"""kit.cluster.stall: a rank that never joins a collective is named, within the cluster's timeout; restart() recovers."""
 import os
 import time
 
@@ -6,7 +6,7 @@ import pytest
 
 import kit.cluster as kc
 from conftest import importable
-from kit import stall
+from kit.cluster import stall
 
 
 # ------------------------------------------------------------------ the rule (no processes)

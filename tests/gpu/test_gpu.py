@@ -88,7 +88,7 @@ def _dist_ring_cuda(numel, seed):
     rank = dist.get_rank()
     x = np.random.default_rng(seed + rank).standard_normal(numel).astype(np.float32)
     t = torch.from_numpy(x).cuda()
-    kit.ring.allreduce(t)
+    kit.comm.ring.allreduce(t)
     return t.cpu().numpy(), x
 
 
@@ -107,7 +107,7 @@ def test_torch_distributed_ring_on_cuda_tensors(n_gpus, no_leaks):
 # --- NVML while training, and the loader sweep with pin_memory -------------------------------------------------
 def test_nvml_monitor_sees_utilisation_and_memory_move():
     import torch
-    from kit.monitor import Monitor
+    from kit.data.monitor import Monitor
     model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(512, 4096, device="cuda"), torch.randint(0, 10, (512,), device="cuda")

@@ -1,0 +1,75 @@
+"""Benchmarks behind the README's tables: `python -m kit.bench NAME [--quick | --tiny] [--out results/]`.
+
+Each benchmark writes results/NAME.json (and its plots as results/NAME*.png) and prints, as its last line,
+a one-line summary of the figures its issue asks for. Speed targets live here, never in unit tests.
+`--tiny` is a smoke run of the benchmarks that offer one (seconds; the tests run it into a temporary folder).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import inspect
+import json
+import platform
+import sys
+import time
+from importlib import import_module
+from pathlib import Path
+
+from kit import sysinfo
+
+# name -> "module:function"; each function takes (out_dir: Path, quick: bool[, tiny: bool]) and returns
+# (result dict, summary). The function calls the experiments its notebook calls, with the benchmark's settings.
+BENCHES = {name: f"kit.bench.{name}:bench" for name in
+           ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab")}
+
+
+def machine() -> dict:
+    """Return what the numbers were measured on."""
+    return {"cpu_cores": sysinfo.cpu_cores(), "gpus": sysinfo.gpus(), "platform": platform.platform(),
+            "versions": sysinfo.versions(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False) -> str:
+    """Run one benchmark, write out_dir/NAME.json, return its summary line."""
+    module, func = BENCHES[name].split(":")
+    bench = getattr(import_module(module), func)
+    if tiny and "tiny" not in inspect.signature(bench).parameters:
+        raise ValueError(f"benchmark {name!r} has no --tiny setting: run it with --quick")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    result, summary = bench(out_dir, quick, tiny=True) if tiny else bench(out_dir, quick)
+    doc = {"benchmark": name, "quick": quick, "tiny": tiny, "seconds": round(time.time() - t0, 1), "machine": machine(),
+           "summary": summary, **result}
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    print(f"wrote {path}")
+    return summary
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__.splitlines()[0])
+    p.add_argument("name", choices=[*BENCHES, "all"])
+    p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the README)")
+    p.add_argument("--tiny", action="store_true",
+                   help="smallest settings: a smoke run (ps, allreduce, network, mnist_lab)")
+    p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
+    a = p.parse_args(argv)
+    names = list(BENCHES) if a.name == "all" else [a.name]
+    if a.name == "all" and os.geteuid() != 0:      # the lab's network namespaces need root
+        for lab_bench in ("network", "elastic", "mnist_lab"):
+            print(f"kit.bench: skipping {lab_bench!r} (needs root for kit.netlab; run `sudo python -m kit.bench "
+                  f"{lab_bench}`)")
+            names.remove(lab_bench)
+    if a.name == "all" and not sysinfo.gpus():
+        print("kit.bench: skipping 'gpu' (no NVIDIA GPU here; run `python -m kit.bench gpu` on a GPU host)")
+        names.remove("gpu")
+    summaries = [run(n, a.out, a.quick, a.tiny) for n in names]
+    for s in summaries:
+        print(s)
+
+
+
+from kit import _lazy_submodules  # noqa: E402
+
+__getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())

@@ -1,0 +1,32 @@
+"""`python -m kit.bench loading`: notebook 01's num_workers sweep (kit.data.pipeline.sweep_experiment) with
+the benchmark's settings; loading.png and loading_timeline.png."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.data import pipeline
+from kit.plots import figure, plot_sweep, plot_timelines
+
+
+def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
+    """Sweep num_workers on the default demo; write loading.png and loading_timeline.png; return (result, summary)."""
+    steps, rounds = (12, 1) if quick else (30, 3)
+    workers = (0, 1, 2) if quick else (0, 1, 2, 3, 4, 6)
+    store, dataset, step = pipeline.setup(steps)
+    res = pipeline.sweep_experiment(dataset, step, workers, steps, pipeline.DEFAULT["batch_size"], rounds, fit_workers=(0, 2))
+    rows, best, mons = res["rows"], res["best"], res["mons"]
+    fig, axes = figure(3, figsize=(12.6, 3.2))
+    plot_sweep(rows, ax=axes[0], title="default demo")
+    fig.tight_layout()
+    fig.savefig(out_dir / "loading.png", dpi=110)
+    fig, axes = figure(1, 2, figsize=(10, 4.0), sharex=True)
+    plot_timelines({0: mons[0].runs[0], best["workers"]: mons[best["workers"]].runs[0]}, ax=axes[:, 0], seconds=1.0)
+    fig.savefig(out_dir / "loading_timeline.png", dpi=110)
+    summary = (f"loading: busy {100 * res['at_0']['busy']:.0f}% at num_workers=0, best {100 * best['busy']:.0f}% at "
+               f"num_workers={best['workers']} ({res['speedup']:.1f}x samples/s); model max(t_load/W_eff, t_compute) "
+               f"fitted to W=0 and 2, within {100 * res['held_out_error']:.0f}% of measured step time on the other "
+               f"W ({', '.join(str(w) for w in workers if w not in res['fit_workers'])})")
+    result = {"settings": {**pipeline.DEFAULT, "steps": steps, "rounds": rounds, "torch_threads": 1}, "fit": res["fit"],
+              "fit_workers": list(res["fit_workers"]), "sweep": rows, "busy_at_0": res["at_0"]["busy"],
+              "best_busy": best["busy"], "best_workers": best["workers"], "held_out_error": res["held_out_error"]}
+    return result, summary

@@ -1,0 +1,62 @@
+"""`python -m kit.bench mnist`: 1 vs 2 Horovod workers per thread setting (throughput), 2 workers vs one
+process (accuracy), Horovod's timeline; mnist.png and mnist_timeline.png."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.mnist import model, timeline
+from kit.plots import figure, plot_accuracy, plot_throughput, plot_timeline
+
+
+def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
+    """Measure 1- vs 2-worker throughput per thread setting, and 2-worker vs 1-process accuracy; plot both."""
+    repeats, steps = (1, 10) if quick else (5, 60)
+    names = ["pinned"] if quick else list(model.SETTINGS)      # quick: a smoke run of every step, one pair each
+    throughput = {name: model.paired_throughput(model.SETTINGS[name], repeats, steps) for name in names}
+    throughput["pinned_mpi"] = model.paired_throughput(model.SETTINGS["pinned"], repeats if quick else 3, steps, launcher="mpi")
+    if not quick:      # what MPI_ENV's yield-when-idle buys: the same pairs with Open MPI's default busy-polling
+        throughput["pinned_mpi_busy_poll"] = model.paired_throughput(model.SETTINGS["pinned"], 3, steps, launcher="mpi",
+                                                               env={"OMPI_MCA_mpi_yield_when_idle": "0"})
+    timeline_file = Path(out_dir) / "mnist_timeline.json"
+    model.run_script(2, ["--synthetic-steps", "10" if quick else "20", *model.SETTINGS["pinned"]],
+               env={"HOROVOD_TIMELINE": str(timeline_file)})
+    data = ["--dataset", "digits", "--epochs", "1", "--train-samples", "512"] if quick else ["--dataset", "auto"]
+    dist = model.run_script(2, [*data, *model.SETTINGS["pinned"]])
+    single = model.run_script(1, [*data, "--epochs", str(dist["epochs"]), "--threads", "2"])
+    result = {"dataset": dist["dataset"], "epochs": dist["epochs"], "throughput": throughput,
+              "accuracy": {"2_workers": dist["test_accuracy"], "1_process": single["test_accuracy"]},
+              "history": {"2_workers": dist["history"], "1_process": single["history"]},
+              "replicas_identical": dist["replicas_identical"]}
+    intervals = timeline.read_timeline(timeline_file)
+    timeline_file.unlink()
+    _bench_figures(result, intervals, Path(out_dir))
+    p, d = throughput["pinned"], throughput.get("tf_defaults")
+    acc2, acc1 = dist["test_accuracy"], single["test_accuracy"]
+    summary = (f"mnist: {dist['dataset']} test accuracy {acc2:.4f} with 2 workers vs {acc1:.4f} in 1 process "
+               f"({dist['epochs']} epochs, diff {100 * (acc2 - acc1):+.2f} points); throughput 2 workers "
+               f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
+               f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "
+               + (f"TF defaults: {d['speedup']:.2f}x; " if d else "")
+               + f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x"
+               + (f", busy-polling: {throughput['pinned_mpi_busy_poll']['speedup']:.2f}x" if not quick else "") + ")")
+    return result, summary
+
+
+def _bench_figures(result: dict, intervals: list[dict], out_dir: Path):
+    """Write mnist.png (throughput per run, test accuracy per epoch) and mnist_timeline.png (no pyplot)."""
+    fig, (ax,) = figure(2, figsize=(12, 3.8))
+    runs = {}
+    for key, t in result["throughput"].items():
+        runs[f"{key}\n1 worker"] = [r["thr_1"] for r in t["runs"]]
+        runs[f"{key}\n2 workers"] = [r["thr_n"] for r in t["runs"]]
+    plot_throughput(runs, ax=ax[0])
+    ax[0].tick_params(axis="x", labelsize=7)
+    plot_accuracy({k.replace("_", " "): h for k, h in result["history"].items()}, ax=ax[1],
+                             dataset=result["dataset"])
+    fig.tight_layout()
+    fig.savefig(out_dir / "mnist.png", dpi=110)
+    end = max(r["end"] for r in intervals if r["tensor"].startswith("grads"))
+    tensors = len({r["tensor"] for r in intervals if r["tensor"].startswith("grad")})
+    fig, (ax,) = figure(1, figsize=(10, 0.35 * tensors + 1.5))
+    plot_timeline(intervals, ax=ax[0], start=end - 0.3, seconds=0.3)
+    fig.savefig(out_dir / "mnist_timeline.png", dpi=110, bbox_inches="tight")

@@ -1,0 +1,212 @@
+"""The engines as processes: what runs on them at start-up, and how the notebook watches and reaps them.
+
+Used by ``kit.cluster``: the functions named ``engine_*`` are sent to the engines (by reference to this module);
+the rest runs in the notebook's process.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+
+# ----------------------------------------------------------------------------------- run on the engines
+def engine_identity():
+    """Return this engine's host, pid and (under mpiexec) its MPI rank, local rank and local size."""
+    import os
+    import socket
+    e = os.environ
+    mpi = {k: int(e[v]) for k, v in (("rank", "OMPI_COMM_WORLD_RANK"), ("local_rank", "OMPI_COMM_WORLD_LOCAL_RANK"),
+                                     ("local_size", "OMPI_COMM_WORLD_LOCAL_SIZE")) if v in e}
+    return {"host": socket.gethostname(), "pid": os.getpid(), "mpi": mpi}
+
+
+def engine_setup(env):
+    """Set the job's environment on this engine (TMPDIR too); start its stall watch; refuse if a framework was
+    imported before."""
+    import os
+    import sys
+    import tempfile
+    early = [m for m in ("torch", "tensorflow", "horovod") if m in sys.modules]
+    if early:
+        raise RuntimeError(f"{early} were imported before kit.cluster set this engine up")
+    os.environ.update(env)
+    if env.get("TMPDIR"):
+        os.makedirs(env["TMPDIR"], exist_ok=True)
+        tempfile.tempdir = None           # tempfile read TMPDIR already: read it again
+    if env.get("KIT_STALL_DIR"):
+        from kit.cluster import stall
+        stall.engine_watch(env["KIT_STALL_DIR"], int(env["KIT_RANK"]))
+    from kit.env import quiet_native_stderr
+    quiet_native_stderr()   # TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL misses: not under %%px
+
+
+def engine_check_horovod():
+    """Initialise Horovod here and allreduce a one: every rank must see size n and sum n."""
+    import horovod.torch as hvd
+    import torch
+    hvd.init()
+    total = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="kit.cluster.check").item()
+    return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "sum": total}
+
+
+def engine_free_address():
+    """Return this host's name and a free TCP port (for torch.distributed's store on rank 0)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return socket.gethostname(), s.getsockname()[1]
+
+
+def engine_init_process_group(init_method, timeout, backend="gloo"):
+    """Join the torch.distributed group (gloo, or nccl on GPU engines) with this engine's kit rank; allreduce a one
+    to check it (on the engine's GPU, device 0, for nccl)."""
+    import datetime
+    import os
+    import torch
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    rank, size = int(os.environ["KIT_RANK"]), int(os.environ["KIT_SIZE"])
+    if backend == "nccl":
+        torch.cuda.set_device(0)             # inside an engine its one visible GPU is device 0
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout))
+    t = torch.ones(1, device="cuda" if backend == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "size": dist.get_world_size(), "sum": t.item()}
+
+
+# ----------------------------------------------------------------------------------- the notebook side
+def in_ipython() -> bool:
+    """Return whether this process is an IPython kernel or shell."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+def install_ipython_hook(explain):
+    """Call explain(shell, etype, value, tb, tb_offset) when a %%px cell fails (an engine raised or died)."""
+    from IPython import get_ipython
+    from ipyparallel.error import EngineError, RemoteError
+    # RemoteError: CompositeError (view.apply) and AlreadyDisplayedError (what %%px raises after streaming)
+    get_ipython().set_custom_exc((RemoteError, EngineError), explain)
+    # no "%px: 0%" progress bar (a widget that saved notebooks show frozen); %%px output still streams live
+    get_ipython().run_line_magic("pxconfig", "--progress-after -1")
+
+
+def descendants() -> dict[int, float]:
+    """Return {pid: create time} of every process below this one."""
+    import psutil
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[p.pid] = p.create_time()
+        except psutil.Error:
+            pass
+    return out
+
+
+def reap(procs: dict[int, float], grace: float = 5.0):
+    """Terminate, then kill, every process in {pid: create_time} still alive (create_time guards pid reuse)."""
+    import psutil
+    alive = []
+    for pid, created in procs.items():
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) < 1e-3:
+                alive.append(p)
+        except psutil.Error:
+            pass
+    for p in alive:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def kernel_log() -> list[tuple[float, str]] | None:
+    """Return the kernel's log as (seconds since boot, message) records (/dev/kmsg, as `dmesg` reads it), or None
+    where this user may not read it (kernel.dmesg_restrict=1 without root)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    records = []
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192).decode("utf-8", "replace")
+            except BlockingIOError:          # the end of the buffer
+                break
+            except BrokenPipeError:          # records overwritten while reading: go on with the next one
+                continue
+            head, _, message = record.partition(";")
+            fields = head.split(",")
+            records.append((int(fields[2]) / 1e6 if len(fields) > 2 and fields[2].isdigit() else 0.0,
+                            message.strip()))
+    finally:
+        os.close(fd)
+    return records
+
+
+def how_it_died(pid: int, started: float = 0.0, log: list[tuple[float, str]] | None = None) -> str:
+    """Return how process `pid` (started at epoch time `started`) ended, for a RankDiedError: "was killed by the
+    kernel's OOM killer: out of memory ..." when the kernel log says so after its start ("Killed process PID" /
+    "oom-kill:...pid=PID"), else "exited"."""
+    import re
+    import psutil
+    log = kernel_log() if log is None else log
+    since_boot = started - psutil.boot_time() if started else 0.0
+    oom = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)")
+    if log and any(t >= since_boot - 1 and oom.search(message) for t, message in log):
+        return ("was killed by the kernel's OOM killer: out of memory (use less memory per engine: smaller "
+                "batches or model, fewer engines per host)")
+    return "exited"
+
+
+def watch_deaths(pids: dict[int, int], on_death) -> int | None:
+    """Call on_death(rank) the moment each process in {rank: pid} exits (pidfd; first death first).
+
+    Return the write end of a pipe: write a byte to it to end the watch (then close it). None where the OS has no
+    pidfd (not Linux); the cluster then finds the dead by polling, without their order.
+    """
+    if not hasattr(os, "pidfd_open"):
+        return None
+    import select
+    fds, poller = {}, select.poll()
+    for rank, pid in pids.items():
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        fds[fd] = rank
+        poller.register(fd, select.POLLIN)
+    stop_r, stop_w = os.pipe()
+    poller.register(stop_r, select.POLLIN)
+
+    def watch():
+        try:
+            while fds:
+                ready = [fd for fd, _ in poller.poll()]
+                if stop_r in ready:
+                    return
+                for fd in ready:
+                    poller.unregister(fd)
+                    on_death(fds.pop(fd))
+        finally:
+            for fd in [*fds, stop_r]:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+    threading.Thread(target=watch, daemon=True, name="kit-engine-watch").start()
+    return stop_w

@@ -1,0 +1,114 @@
+"""The Horovod MNIST job on the emulated-host lab: when does the network start to matter? (notebook 04)
+
+    with kit.netlab.start(hosts=4) as lab:
+        runs = kit.mnist.lab.scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"))
+    kit.plots.plot_lab_scaling(runs)                  # samples/s and the allreduce's share of a step
+
+Each run is `horovodrun --gloo -np N -H h1:1,...,hN:1 python scripts/train_keras_mnist.py --synthetic-steps S`
+started on h1, one worker per host, with Horovod's timeline on: samples/s from the script, the exchange time per
+step from the timeline (the fused gradient allreduces, after the warm-up steps), and beside it what the link alone
+needs for the ring's 2(N-1)/N x K bytes per worker. The lab's hosts share this machine's cores: with more workers
+than cores, each worker's compute slows down too (the runs record CPU time / wall time per worker).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kit import scratch
+from kit.mnist import timeline
+from kit.mnist.model import REPO, TRAIN, SYNTHETIC_WARMUP as WARMUP  # steps left out of samples/s
+
+# one compute thread per worker, pinned to core (rank mod cores): the lab's hosts share this machine's cores (on
+# a real cluster, one worker per host, --pin would pin by local rank; here every local rank is 0)
+THREADS = ["--threads", "1", "--inter-op-threads", "1", "--pin-by-rank"]
+
+
+def gradient_bytes() -> int:
+    """Return the bytes one step's gradients take (float32): what each worker's allreduce reduces, K."""
+    from kit.mnist.model import build_model, import_tf_quietly
+    import_tf_quietly()
+    return 4 * int(sum(w.shape.num_elements() for w in build_model().trainable_weights))
+
+
+def ring_seconds(n: int, k_bytes: int, rate: str) -> float:
+    """Return the link's time for one ring allreduce of `k_bytes` on `n` workers: 2(n-1)/n * K / B."""
+    from kit.netlab.lab import parse_rate
+    return 2 * (n - 1) / n * k_bytes / (parse_rate(rate) / 8)
+
+
+def run_on_lab(lab, n: int, steps: int = 30, timeout: float = 600) -> dict:
+    """Run the synthetic MNIST job on the lab's first `n` hosts (1 worker each) at the lab's current rate."""
+    if not 1 <= n <= len(lab.hosts):
+        raise ValueError(f"n={n}: the lab has {len(lab.hosts)} hosts; start it with netlab.start(hosts={n})")
+    if steps < 1:
+        raise ValueError(f"steps={steps}: give at least 1 timed step (the job runs {WARMUP} warm-up steps first)")
+    folder = scratch.make("mnist-lab")
+    out, trace = Path(folder, "result.json"), Path(folder, "timeline.json")
+    bin_ = Path(sys.executable).parent
+    # one worker: the script alone (hvd.init() makes a job of size 1; horovodrun -H h1:1 with the lab's
+    # --network-interface finds no interface for a purely local job)
+    launcher = [str(bin_ / "horovodrun"), "--gloo", *lab.horovodrun_args(1, lab.hosts[:n])] if n > 1 else []
+    cmd = [*launcher, sys.executable, *TRAIN, "--synthetic-steps", str(steps), *THREADS, "--json", str(out)]
+    try:
+        p = lab.launch(lab.hosts[0], cmd, cwd=str(REPO), env={"HOROVOD_TIMELINE": str(trace)},
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            log, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            lab.kill_jobs()
+            raise RuntimeError(f"the MNIST job on {n} lab hosts did not finish within {timeout:.0f} s") from None
+        if p.returncode or not out.exists():
+            raise RuntimeError(f"the MNIST job on {n} lab hosts failed ({p.returncode}):\n{log[-2000:]}")
+        result = json.loads(out.read_text())
+        intervals = timeline.read_timeline(trace) if n > 1 else []       # one worker exchanges nothing
+    finally:
+        scratch.remove(folder)
+    step_s = result["batch"] * n / result["samples_per_s"]        # the slowest worker's seconds per step
+    exchange = timeline.allreduce_seconds_per_step(intervals, skip_steps=WARMUP) if n > 1 else 0.0
+    return {"n": n, "rate": lab.rate, "samples_per_s": result["samples_per_s"], "step_s": step_s,
+            "allreduce_s": exchange, "allreduce_share": exchange / step_s,
+            "cores_busy": result["cores_busy"], "steps": steps, "batch": result["batch"]}
+
+
+def scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"), steps: int = 30) -> dict:
+    """Run the job on 1 host, then on each of `sizes` hosts at each link rate; restore the lab's rate after."""
+    k = gradient_bytes()
+    before, runs = lab.rate, []
+    try:
+        one = run_on_lab(lab, 1, steps)
+        for rate in rates:
+            lab.set_rate(rate)
+            for n in sizes:
+                r = run_on_lab(lab, n, steps)
+                runs.append({**r, "speedup": r["samples_per_s"] / one["samples_per_s"],
+                             "link_s": ring_seconds(n, k, rate)})
+    finally:
+        lab.set_rate(before)
+    return {"gradient_bytes": k, "one_worker": one, "runs": runs, "cores": len(os.sched_getaffinity(0))}
+
+
+def table(result: dict) -> str:
+    """Return the runs as a markdown table: notebook 04 shows it, the README has the benchmark's (checked)."""
+    one = result["one_worker"]
+    out = ["| link | hosts | samples/s | speed-up | ms per step | allreduce ms (share) | link alone ms | "
+           "cores busy per worker |", "|---|---|---|---|---|---|---|---|",
+           f"| none | 1 | {one['samples_per_s']:,.0f} | 1.00× | {1e3 * one['step_s']:.0f} | – | – | "
+           f"{one['cores_busy'][0]:.2f} |"]
+    for r in result["runs"]:
+        out.append(f"| {r['rate']} | {r['n']} | {r['samples_per_s']:,.0f} | {r['speedup']:.2f}× | "
+                   f"{1e3 * r['step_s']:.0f} | {1e3 * r['allreduce_s']:.1f} ({r['allreduce_share']:.0%}) | "
+                   f"{1e3 * r['link_s']:.1f} | {sum(r['cores_busy']) / r['n']:.2f} |")
+    return "\n".join(out)
+
+
+def crossover_rate(result: dict, n: int = 2, fraction: float = 1.0) -> float:
+    """Return the link rate (bit/s) at which the ring's transfer on `n` workers takes `fraction` of one worker's
+    step (its compute): below it, the wire costs more than that share of a step."""
+    step = result["one_worker"]["step_s"]
+    return 2 * (n - 1) / n * result["gradient_bytes"] * 8 / (fraction * step)

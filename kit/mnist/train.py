@@ -1,0 +1,190 @@
+"""Train the classic Keras MNIST CNN with Horovod: the notebook 04 code as a script.
+
+    horovodrun --gloo -np 2 -H localhost:2 python -m kit.mnist.train --epochs 2
+    mpirun -np 2 python -m kit.mnist.train --dataset digits
+    horovodrun --gloo -np 2 --min-np 1 --max-np 2 --host-discovery-script ./hosts.sh \
+        python -m kit.mnist.train --elastic       # survives a lost host, takes it back (kit.mnist.elastic)
+    horovodrun -np 16 -H server1:4,server2:4,server3:4,server4:4 python -m kit.mnist.train
+
+Lines marked `# Horovod:` are the whole difference from single-process Keras. Kill it and start it again with the
+same --checkpoint-dir: it resumes from rank 0's last good checkpoint.
+"""
+import argparse
+import atexit
+import json
+import os
+import tempfile
+from pathlib import Path
+
+# Importing kit (this module's package) set TF_USE_LEGACY_KERAS=1 before TensorFlow: Horovod's Keras is tf-keras.
+from kit import scratch
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m kit.mnist.train", description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=None, help="default: 12, whatever the number of workers")
+    p.add_argument("--dataset", default="auto", choices=["auto", "mnist", "fashion_mnist", "digits"])
+    p.add_argument("--checkpoint-dir", default=None, help="rank 0 saves here each epoch; resumes from here")
+    p.add_argument("--batch-size", type=int, default=128, help="per worker (the classic example's 128)")
+    p.add_argument("--train-samples", type=int, default=None, help="use a random subset (default: all)")
+    p.add_argument("--warmup-epochs", type=float, default=None, help="learning-rate warmup (Goyal et al.; default 3)")
+    p.add_argument("--threads", type=int, default=None, help="TF intra-op threads per worker")
+    p.add_argument("--inter-op-threads", type=int, default=None, help="TF inter-op threads per worker")
+    p.add_argument("--pin", action="store_true", help="pin each worker's threads to one core (by local rank)")
+    p.add_argument("--pin-by-rank", action="store_true",
+                   help="pin by global rank instead: for emulated hosts (kit.netlab) that share one machine's cores")
+    p.add_argument("--synthetic-steps", type=int, default=0,
+                   help="measure samples/s on random data for this many steps instead of training")
+    p.add_argument("--json", default=None, help="rank 0 writes the history / throughput here")
+    p.add_argument("--elastic", action="store_true",
+                   help="elastic Horovod: run by horovodrun --min-np/--max-np/--host-discovery-script")
+    p.add_argument("--commit-every", type=int, default=10, help="(elastic) commit the state every K batches")
+    p.add_argument("--events", default=None, help="(elastic) rank 0 appends one JSON line per event here")
+    args = p.parse_args(argv)
+    for name, low in (("epochs", 1), ("batch_size", 1), ("train_samples", 1), ("threads", 1),
+                      ("inter_op_threads", 1), ("commit_every", 1), ("synthetic_steps", 0)):
+        value = getattr(args, name)
+        if value is not None and value < low:       # checked here, before TensorFlow starts
+            p.error(f"--{name.replace('_', '-')} must be at least {low} (got {value})")
+    if args.warmup_epochs is not None and args.warmup_epochs < 0:
+        p.error(f"--warmup-epochs must be 0 or more (got {args.warmup_epochs})")
+    return args
+
+
+def private_temp_dir() -> str:
+    """Give this process (TensorFlow's autograph files included) a temp folder of its own, removed at exit; one
+    left by a killed run is swept by the next kit.scratch.make, as the kit's other scratch folders are."""
+    folder = scratch.make("train")
+    os.environ["TMPDIR"] = tempfile.tempdir = folder
+    atexit.register(scratch.remove, folder)
+    return folder
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    private_temp_dir()
+    from kit import env, mnist
+    if args.pin or args.pin_by_rank:                      # by the launcher's (local) rank, before TF starts threads
+        env.pin_to_core(env.rank() if args.pin_by_rank else None)
+    if args.threads:
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
+    if args.inter_op_threads:
+        os.environ["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
+    tf = mnist.import_tf_quietly()                        # import tensorflow, minus its C++ start-up log lines
+    import horovod.tensorflow.keras as hvd
+    from horovod.tensorflow import allgather_object, broadcast_object
+
+    # Horovod (1): start Horovod; every process learns its rank and the job's size.
+    hvd.init()
+    # Horovod (2): one GPU per process, chosen by local rank (on a CPU-only machine there is nothing to pin).
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    root = hvd.rank() == 0
+    if args.checkpoint_dir:          # rank 0 writes there: check now, and let every rank stop with its answer
+        problem = None
+        if root:
+            try:
+                mnist.check_writable(args.checkpoint_dir)
+            except mnist.CheckpointError as e:
+                problem = str(e)
+        problem = broadcast_object(problem, root_rank=0, name="checkpoint_dir_check")
+        if problem:
+            raise SystemExit(f"kit.mnist.train: {problem}" if root else 1)
+
+    if args.synthetic_steps:
+        result = mnist.synthetic_throughput(hvd, steps=args.synthetic_steps, batch=args.batch_size)
+        if root:
+            print(json.dumps(result), flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(result))
+        return result
+
+    from kit import datasets
+    ds = datasets.load(args.dataset, verbose=root)
+    x, y = mnist.prepare(*mnist.subset(ds.x_train, ds.y_train, args.train_samples))
+    x_test, y_test = mnist.prepare(ds.x_test, ds.y_test)
+    if args.elastic:
+        return train_elastic(args, tf, hvd, x, y)
+    # Horovod (6): each rank trains on its own 1/size of the data: an epoch is one pass over the data shared by
+    # the ranks (1/size of the steps, each on size x batch images), so the job keeps one process's 12 epochs.
+    x, y = mnist.shard(x, y, hvd.rank(), hvd.size())
+    epochs = args.epochs or mnist.EPOCHS
+
+    model = mnist.build_model()
+    # Horovod (3): scale the learning rate by size (linear scaling rule) and average gradients with allreduce.
+    scaled_lr = mnist.BASE_LR * hvd.size()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(scaled_lr))
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
+    initial_epoch = mnist.resume(model, args.checkpoint_dir, hvd)   # Horovod: rank 0's checkpoint, broadcast
+
+    history = []
+    callbacks = [
+        # Horovod (4): start every replica from rank 0's weights.
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        # Horovod: average the metrics over ranks, so rank 0 prints the job's loss, not its own shard's.
+        hvd.callbacks.MetricAverageCallback(),
+        # Horovod: ramp the learning rate from lr to lr * size over the first epochs (Goyal et al., 2017).
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, steps_per_epoch=len(x) // args.batch_size,
+                                                 warmup_epochs=args.warmup_epochs or mnist.WARMUP_EPOCHS),
+    ]
+    # Horovod (5): only rank 0 writes checkpoints and prints progress.
+    if root:
+        if args.checkpoint_dir:
+            callbacks.append(mnist.checkpoint_callback(args.checkpoint_dir))
+        callbacks.append(mnist.epoch_log(len(x) * hvd.size(), history))
+        print(f"training on {hvd.size()} worker(s), {len(x)} images each, epochs {initial_epoch + 1}..{epochs}",
+              flush=True)
+    model.fit(x, y, batch_size=args.batch_size, epochs=epochs, initial_epoch=initial_epoch, verbose=0,
+              validation_data=(x_test, y_test), callbacks=callbacks)
+
+    digests = allgather_object(mnist.weights_digest(model), name="digest")  # Horovod: replicas equal?
+    if root:
+        acc = history[-1]["val_accuracy"] if history else float("nan")
+        result = {"dataset": ds.name, "size": hvd.size(), "epochs": epochs, "history": history,
+                  "test_accuracy": acc, "replicas_identical": len(set(digests)) == 1}
+        if args.json:
+            Path(args.json).write_text(json.dumps(result))
+        print(f"done: {ds.name} test accuracy {acc:.4f} after {epochs} epochs on {hvd.size()} worker(s); "
+              f"replicas identical: {result['replicas_identical']}", flush=True)
+        return result
+
+
+def train_elastic(args, tf, hvd, x_all, y_all):
+    """Elastic Horovod: ranks may leave (a host lost) and join (a host back) while the job runs."""
+    from kit import mnist
+    from kit.mnist import elastic
+    model = mnist.build_model()
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(mnist.BASE_LR * hvd.size()))
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
+    opt.build(model.trainable_variables)              # the optimizer's slots exist before the first commit
+    # Elastic (1): what every rank must agree on: weights, optimizer slots, the epoch, the batch, batches done.
+    # A commit copies it in memory; after a lost rank, every survivor goes back to its last commit.
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0, done=0)
+
+    # Elastic (2): after the world changed: a new size, so a new learning rate (linear scaling rule).
+    def on_reset():
+        tf.keras.backend.set_value(state.model.optimizer.lr, mnist.BASE_LR * hvd.size())
+    state.register_reset_callbacks([on_reset])
+
+    # Elastic (3): hvd.elastic.run calls train; when a collective fails (HorovodInternalError) or hosts change
+    # (HostsUpdatedInterrupt), it restores or keeps the state, re-forms the ring with the hosts now alive,
+    # broadcasts rank 0's state to newcomers and calls train again.
+    @hvd.elastic.run
+    def train(state):
+        x, y = mnist.shard(x_all, y_all, hvd.rank(), hvd.size())     # shards follow the current size
+        state.model.fit(x, y, batch_size=args.batch_size, steps_per_epoch=len(x) // args.batch_size,
+                        epochs=(args.epochs or mnist.EPOCHS) - state.epoch, verbose=0, callbacks=[
+                            elastic.event_log(state, args.events, hvd, args.batch_size),   # counts state.done
+                            hvd.elastic.CommitStateCallback(state, batches_per_commit=args.commit_every),
+                            hvd.elastic.UpdateBatchStateCallback(state),
+                            hvd.elastic.UpdateEpochStateCallback(state)])
+    train(state)
+    if hvd.rank() == 0:
+        print(f"done: elastic training ended on {hvd.size()} worker(s) after {state.done} batches", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+"""The emulated-host lab: `kit.netlab.start(hosts, rate)` returns a Lab (lab); its SSH servers (ssh), link-rate
+probe (rate) and the system commands under them (system)."""
+from kit.netlab.lab import (
+    LabError, parse_rate, run, PREFIX, NAME_RE, MAX_LABS, LOCK, check_requirements, names, ns_pids, sweep, Lab,
+    start)
+from kit import _lazy_submodules
+
+__getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())

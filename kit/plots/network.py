@@ -1,0 +1,172 @@
+"""Figures and summary of `kit.bench.network` (notebooks 02, 03 and `python -m kit.bench network`).
+
+    plot_network(x, K)         three panels: time vs N with the model's lines, busbw vs size with the link rate,
+                               bytes per host vs N from the NIC counters
+    ratios(x, K)               the numbers issue 12's targets ask for (measured/model, N=max vs N=min, busbw/link,
+                               counted/model bytes)
+    readme_tables(x, K)        the README's tables of a run (tests/test_packaging checks the README against them)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kit.comm.costmodel import human, ring_bytes, t_comm_ps, t_comm_ring
+from kit.plots.style import LABELS
+
+STYLE = {"ring": ("tab:blue", "o"), "ps": ("tab:red", "s"), "byteps": ("tab:green", "^"),
+         "torch": ("tab:purple", "v"), "horovod": ("tab:orange", "D"), "horovod_mpi": ("tab:brown", "P")}
+
+
+def rows(x: dict, impl: str, K: int | None = None, N: int | None = None) -> list[dict]:
+    """Return the rows of `impl` (at K bytes and/or N hosts when given), ordered by N then K."""
+    return sorted([r for r in x["rows"] if r["impl"] == impl and K in (None, r["bytes"]) and N in (None, r["N"])],
+                  key=lambda r: (r["N"], r["bytes"]))
+
+
+def alpha_beta(x: dict) -> tuple[float, float]:
+    """Return the median alpha and B of the ping-pongs (one per lab)."""
+    links = list(x["links"].values())
+    return float(np.median([v["alpha"] for v in links])), float(np.median([v["B"] for v in links]))
+
+
+def link_rate(x: dict) -> float:
+    """Return the rate every link was set to, in bytes/s."""
+    return next(iter(x["links"].values()))["rate_bytes_per_s"]
+
+
+def plot_times(x: dict, K: int, ax):
+    """Time per allreduce at K bytes vs N: measured points, the α–β model's lines (ring and one-server PS)."""
+    alpha, B = alpha_beta(x)
+    ns = np.arange(2, max(x["ns"]) + 1)
+    ax.plot(ns, 1e3 * t_comm_ring(ns, K, alpha, B), "-", color="tab:blue", lw=1,
+            label="model: ring 2(N-1)α + 2(N-1)/N·K/B")
+    ax.plot(ns, 1e3 * t_comm_ps(ns, K, alpha, B), "-", color="tab:red", lw=1, label="model: one server 2N(α + K/B)")
+    for impl, (color, marker) in STYLE.items():
+        pts = rows(x, impl, K)
+        if pts:
+            ax.plot([r["N"] for r in pts], [1e3 * r["seconds"] for r in pts], marker, color=color,
+                    ls="none" if impl in ("ring", "ps") else ":", label=LABELS[impl])
+    ax.set(xlabel="N (hosts, one worker each)", ylabel="ms per allreduce", xticks=x["ns"],
+           title=f"K = {human(K)}, links {x['rate']} (α={alpha * 1e6:.0f} µs, B={B / 1e6:.0f} MB/s)")
+    ax.legend(fontsize=7)
+
+
+def plot_busbw(x: dict, N: int, ax):
+    """Bus bandwidth vs message size at N hosts, with the link's rate drawn as the physical limit."""
+    for impl, (color, marker) in STYLE.items():
+        pts = rows(x, impl, N=N)
+        if pts and impl != "ps":
+            ax.plot([r["bytes"] for r in pts], [r["busbw"] / 1e6 for r in pts], marker + "-", color=color,
+                    label=LABELS[impl])
+    ax.axhline(link_rate(x) / 1e6, color="k", ls="--", lw=1, label=f"link rate {x['rate']} (the limit)")
+    ax.set(xscale="log", xlabel="message size (bytes)", ylabel="busbw (MB/s)", title=f"busbw at N = {N}")
+    ax.set_ylim(0, 1.15 * link_rate(x) / 1e6)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def plot_bytes(x: dict, K: int, ax):
+    """Bytes each host sent per allreduce of K bytes (NIC counters) vs N, with 2(N-1)/N·K and N·K."""
+    ns = np.arange(2, max(x["ns"]) + 1)
+    ax.plot(ns, ring_bytes(ns, K) / 2**20, "-", color="tab:blue", lw=1, label="model: 2(N-1)/N·K")
+    ax.plot(ns, ns * K / 2**20, "-", color="tab:red", lw=1, label="model: N·K (server, in and out)")
+    ring, ps = rows(x, "ring", K), rows(x, "ps", K)
+    ax.plot([r["N"] for r in ring], [np.mean(r["tx"]) / 2**20 for r in ring], "o", color="tab:blue",
+            label="ring, each host sent (counter)")
+    ax.plot([r["N"] for r in ps], [r["tx"][0] / 2**20 for r in ps], "s", color="tab:red",
+            label="PS server sent (counter)")
+    ax.plot([r["N"] for r in ps], [r["rx"][0] / 2**20 for r in ps], "x", color="tab:red",
+            label="PS server received (counter)")
+    ax.set(xlabel="N", ylabel="MB per allreduce", xticks=x["ns"], title=f"bytes on each NIC, K = {human(K)}")
+    ax.legend(fontsize=7)
+
+
+def plot_network(x: dict, K: int, ax=None):
+    """Draw the three panels of the lesson on `ax` (three axes) or a new figure; return the axes."""
+    if ax is None:
+        import matplotlib.pyplot as plt
+        ax = plt.subplots(1, 3, figsize=(15, 4.2))[1]
+    plot_times(x, K, ax[0])
+    plot_busbw(x, max(x["ns"]), ax[1])
+    plot_bytes(x, K, ax[2])
+    return ax
+
+
+def bytes_error(x: dict, K: int | None = None) -> dict:
+    """Return the largest counted/model - 1 of the bytes per host (at K bytes, or over every size): ring and
+    BytePS hosts (sent and received), PS server (sent and received, model N·K), PS workers (model K). What is
+    above the model is TCP/IP headers, ACKs and the per-call barriers: a fixed cost, so small K shows more."""
+    err = {}
+    for impl in ("ring", "byteps"):
+        got = [b / r["model_bytes"] - 1 for r in rows(x, impl, K) for b in r["tx"] + r["rx"]]
+        err[impl] = max(got, key=abs) if got else None
+    server = [b / r["model_server_bytes"] - 1 for r in rows(x, "ps", K) for b in (r["tx"][0], r["rx"][0])]
+    workers = [b / r["model_bytes"] - 1 for r in rows(x, "ps", K) for b in r["tx"][1:] + r["rx"][1:]]
+    err["ps_server"] = max(server, key=abs) if server else None
+    err["ps_workers"] = max(workers, key=abs) if workers else None
+    return err
+
+
+def ratios(x: dict, K: int) -> dict:
+    """Return the numbers of issue 12's targets at K bytes: measured/model per N (ring, ps), time at the largest
+    N over the smallest (with the model's ratio), busbw/link rate at the largest N, counted/model bytes."""
+    lo, hi = min(x["ns"]), max(x["ns"])
+    alpha, B = alpha_beta(x)
+    out = {"K": K, "measured_over_model": {i: {r["N"]: r["seconds"] / r["model_s"] for r in rows(x, i, K)}
+                                           for i in ("ring", "ps")}}
+    t = {i: {r["N"]: r["seconds"] for r in rows(x, i, K)} for i in ("ring", "ps")}
+    model = {"ring": float(t_comm_ring(hi, K, alpha, B) / t_comm_ring(lo, K, alpha, B)), "ps": hi / lo}
+    out["scaling"] = {i: {"measured": t[i][hi] / t[i][lo], "model": model[i], "ideal": ideal}
+                      for i, ideal in (("ring", 2 * (hi - 1) / hi / (2 * (lo - 1) / lo)), ("ps", hi / lo))
+                      if hi in t[i] and lo in t[i] and hi != lo}
+    out["busbw_over_link"] = {i: rows(x, i, K, hi)[0]["busbw"] / link_rate(x)
+                              for i in ("ring", "byteps", "torch", "horovod", "horovod_mpi") if rows(x, i, K, hi)}
+    out["bytes_error"] = bytes_error(x, K)
+    out["bytes_error_any_size"] = bytes_error(x)
+    out["all_correct"] = all(r["ok"] for r in x["rows"])
+    return out
+
+
+def summary(x: dict, K: int, seconds: float) -> str:
+    """Return the benchmark's one-line summary of `ratios`."""
+    r = ratios(x, K)
+    fmt = lambda d: "/".join(f"{v:.2f}" for _, v in sorted(d.items()))  # noqa: E731
+    mom = "; ".join(f"{i} {fmt(d)}" for i, d in r["measured_over_model"].items())
+    sc = "; ".join(f"{i} {v['measured']:.2f}x (model {v['model']:.2f}x, bandwidth terms {v['ideal']:.2f}x)"
+                   for i, v in r["scaling"].items())
+    bw = ", ".join(f"{i} {v:.0%}" for i, v in r["busbw_over_link"].items())
+    be = ", ".join(f"{i} {v:+.2%}" for i, v in r["bytes_error"].items() if v is not None)
+    worst = max((abs(v) for v in r["bytes_error_any_size"].values() if v is not None), default=0)
+    ns = "/".join(map(str, x["ns"]))
+    return (f"network {x['rate']}, {human(K)}: measured/model at N={ns}: {mom} (target 0.8-1.2); "
+            f"N={max(x['ns'])} vs N={min(x['ns'])}: {sc} (targets 1.75x ring, 4x PS); "
+            f"busbw/link at N={max(x['ns'])}: {bw} (target ring >= 85%); NIC bytes vs model at {human(K)}: {be}, "
+            f"worst at any size {worst:+.2%} (target within 2%; headers, ACKs, barriers included); "
+            f"all sums correct: {r['all_correct']}; {seconds:.0f} s")
+
+
+SHORT = {"ring": "kit ring", "byteps": "PS, k=N on workers (BytePS)", "torch": "torch.distributed",
+         "horovod": "Horovod (Gloo)", "horovod_mpi": "Horovod (MPI)", "ps": "PS, one server"}
+
+
+def readme_tables(x: dict, K: int) -> str:
+    """Return the README's markdown for a run: the links (ping-pong, stream), then every row at K bytes."""
+    cores = x.get("machine", {}).get("cpu_cores", "?")
+    out = [f"Links {x['rate']} each way; {cores} cores; run took {x['seconds']:.0f} s; {x['reps']} timed calls "
+           "per point.", "", "| N | α (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |", "|---|---|---|---|"]
+    for n, v in sorted(x["links"].items(), key=lambda kv: int(kv[0])):
+        out.append(f"| {n} | {v['alpha'] * 1e6:.0f} | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |")
+    out += ["", f"At K = {human(K)}:", "",
+            "| implementation | N | ms measured | ms model | measured/model | busbw (MB/s) | busbw/link "
+            "| NIC sent per host / model |", "|---|---|---|---|---|---|---|---|"]
+    for impl in SHORT:
+        for r in rows(x, impl, K):
+            row = (f"| {SHORT[impl]} | {r['N']} | {r['seconds'] * 1e3:.0f} | {r['model_s'] * 1e3:.0f} | "
+                   f"{r['seconds'] / r['model_s']:.2f} | ")
+            if impl == "ps":
+                row += (f"– | – | server {r['tx'][0] / r['model_server_bytes']:.4f} (N·K), workers "
+                        f"{np.mean(r['tx'][1:]) / r['model_bytes']:.4f} (K) |")
+            else:
+                row += (f"{r['busbw'] / 1e6:.0f} | {r['busbw'] / link_rate(x):.0%} | "
+                        f"{np.mean(r['tx']) / r['model_bytes']:.4f} |")
+            out.append(row)
+    return "\n".join(out)
