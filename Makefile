@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: setup lab test test-gpu gpu-present bench clean
+.PHONY: setup lab test test-fast lint test-gpu gpu-present bench clean
 
 setup:
 	@PYTHON_BOOT=$(PYTHON_BOOT) VENV=$(VENV) TORCH=$(TORCH) bash scripts/setup_env.sh
@@ -18,8 +18,19 @@ setup:
 lab: setup
 	@VENV=$(VENV) LAB_PORT=$(LAB_PORT) bash scripts/lab.sh
 
+# Every tier this machine can run (docs/testing.md): unit tests, the linter, engines, the lab (as root), the browser
+# test, every notebook (nbval). The slowest 25 tests are listed at the end.
 test: setup
-	$(PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env --nbval-cell-timeout=900 $(PYTEST_ARGS) tests notebooks
+	$(PY) -m pytest -p no:cacheprovider --durations=25 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
+		$(PYTEST_ARGS) tests notebooks
+
+# For editing: no engines, no lab, no browser, no notebooks (the linter included). Minutes, not half an hour.
+test-fast: setup
+	$(PY) -m pytest -p no:cacheprovider -q --durations=10 -m "not (engines or lab or browser or notebook or gpu)" \
+		$(PYTEST_ARGS) tests
+
+lint: setup
+	$(PY) -m ruff check kit tests scripts
 
 # The GPU tests (tests/gpu): one engine per GPU, engines sharing a GPU, Horovod and torch.distributed on CUDA
 # tensors, NVML during training, the loader sweep with pin_memory. Refuses at once where there is no GPU.
@@ -32,5 +43,7 @@ gpu-present:
 bench: setup
 	$(PY) -m kit.bench all
 
+# What the build makes: the venv (Horovod built inside it), the package's metadata, caches, benchmark scratch.
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	find kit tests scripts -name __pycache__ -type d -prune -exec rm -rf {} +

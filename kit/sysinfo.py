@@ -22,7 +22,8 @@ def gpus() -> list[dict]:
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30
-            out.append({"index": i, "name": name if isinstance(name, str) else name.decode(), "memory_gib": round(mem, 1)})
+            out.append({"index": i, "name": name if isinstance(name, str) else name.decode(),
+                        "memory_gib": round(mem, 1)})
         return out
     finally:
         pynvml.nvmlShutdown()

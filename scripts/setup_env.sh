@@ -16,8 +16,8 @@ TORCH_CPU_INDEX=${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 say() { echo "setup_env: $*"; }
 die() { echo "setup_env: ERROR: $*" >&2; exit 1; }
 
-"$PYTHON_BOOT" -c 'import sys; assert sys.version_info >= (3, 10), sys.version' 2>/dev/null \
-  || die "Python >= 3.10 is needed ($PYTHON_BOOT is $("$PYTHON_BOOT" --version 2>&1)).
+"$PYTHON_BOOT" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' 2>/dev/null \
+  || die "Python >= 3.11 is needed ($PYTHON_BOOT is $("$PYTHON_BOOT" --version 2>&1)).
            Install one and run: make PYTHON_BOOT=python3.11 test"
 
 # --- which PyTorch, and why -------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # find `kit` when run from a checkout
-from kit.mnist.train import main  # noqa: E402
+from kit.mnist.train import main
 
 if __name__ == "__main__":
     main()

@@ -1,5 +1,7 @@
 """Shared fixtures: every test that starts processes must leave none behind; the suite leaves no temp files."""
+import inspect
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -62,11 +64,69 @@ def no_leaks():
     assert not names, "processes left running:\n" + "\n".join(names)
 
 
+# ------------------------------------------------------------------ tiers: markers from what a test uses
+# `make test` runs every tier this machine can run; `make test-fast` deselects the marked ones (docs/testing.md).
+TIERS = {
+    "notebook": "a notebook cell run by nbval",
+    "browser": "drives JupyterLab in headless Chromium (selenium)",
+    "gpu": "needs an NVIDIA GPU (tests/gpu, make test-gpu)",
+    "lab": "emulated hosts: kit.netlab's network namespaces (root)",
+    "engines": "starts engines, a Horovod/MPI/torch.distributed job or a benchmark run (seconds to minutes)",
+}
+# What in a test's source (or its fixtures') puts it in a tier; checked in this order, a test gets every match.
+USES = {
+    "browser": re.compile(r"selenium|webdriver|chromedriver"),
+    "lab": re.compile(r"netlab\.start|\blab_fixture\b|\bwith_lab\b|mnist_lab|kit\.bench network|run_on_lab"),
+    "engines": re.compile(r"\bstart\(|ipp\.Cluster|horovodrun|mpirun|mpiexec|run_script|bench\.main|\"kit\.bench\"|"
+                          r"Popen|subprocess\.run|spawn|no_leaks|cluster\d?\b|launch\("),
+}
+ROOT_REASON = ("needs root: kit.netlab makes network namespaces, and memory cgroups need root too (CI runs as root; "
+               "locally: sudo make test, or Docker with --cap-add NET_ADMIN --cap-add SYS_ADMIN)")
+
+
+def is_root() -> bool:
+    """The one root check of the suite: lab and cgroup tests run as root (CI) and explain themselves otherwise."""
+    return os.geteuid() == 0
+
+
+def pytest_configure(config):
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+    config.addinivalue_line("markers", f"requires_root: {ROOT_REASON}")
+
+
+def _source(obj) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def _uses(item) -> str:
+    """The source of a test function and of every fixture it uses (directly or through other fixtures)."""
+    parts = [_source(getattr(item, "function", None))]
+    for defs in getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).values():
+        parts += [_source(d.func) for d in defs if not d.func.__module__.startswith(("_pytest", "pytest"))]
+    return "\n".join(parts)
+
+
 def pytest_collection_modifyitems(items):
-    """Notebook cells (nbval) get the cell timeout `make test` gives nbval (900 s), not the per-test default."""
+    """Mark each test with its tiers (from what it uses); notebook cells get nbval's 900 s cell timeout; tests that
+    need root say so and are skipped for a plain user (never in CI, which is root)."""
     for item in items:
-        if type(item).__name__ == "IPyNbCell" and item.get_closest_marker("timeout") is None:
-            item.add_marker(pytest.mark.timeout(900))
+        if type(item).__name__ == "IPyNbCell":
+            item.add_marker(pytest.mark.notebook)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(900))
+            continue
+        if "tests/gpu/" in str(item.path).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.gpu)
+        text = _uses(item)
+        for tier, pattern in USES.items():
+            if pattern.search(text) and not item.get_closest_marker(tier):
+                item.add_marker(getattr(pytest.mark, tier))
+        if item.get_closest_marker("requires_root") and not is_root():
+            item.add_marker(pytest.mark.skip(reason=ROOT_REASON))
 
 
 # ------------------------------------------------------------------ nothing left in the system temp dir

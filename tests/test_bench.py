@@ -30,12 +30,11 @@ def test_tiny_benchmark_writes_json_figures_and_a_summary(tmp_path, no_leaks, na
     assert done.stdout.strip().splitlines()[-1] == doc["summary"]         # the one-line summary, printed last
 
 
-COMMUNICATION = ("bench", "costmodel", "link", "mlp", "plots", "ps", "ps_bench", "ring", "ring_bench", "ring_sim")
-
-
-def test_no_communication_module_switches_the_matplotlib_backend():
-    calls = {m: re.findall(r"matplotlib\.use\(|plt\.switch_backend\(", (KIT / f"{m}.py").read_text())
-             for m in COMMUNICATION}
+def test_no_kit_module_switches_the_matplotlib_backend():
+    """Notebooks show, benchmarks save on a Figure without pyplot: no module of kit switches the backend."""
+    calls = {str(p.relative_to(KIT)): re.findall(r"matplotlib\.use\(|plt\.switch_backend\(", p.read_text())
+             for p in KIT.rglob("*.py")}
+    assert len(calls) > 30
     assert not {name: c for name, c in calls.items() if c}
 
 

@@ -295,6 +295,6 @@ def test_bench_loading_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
 
 def test_benchmarks_leave_the_matplotlib_backend_alone():
     import inspect
-    from kit import mnist
-    for fn in (data.bench, mnist.bench):
+    from kit.bench import loading, mnist
+    for fn in (loading.bench, mnist.bench):
         assert "matplotlib.use" not in inspect.getsource(fn) and "pyplot" not in inspect.getsource(fn)

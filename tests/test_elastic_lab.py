@@ -9,8 +9,6 @@ import pytest
 from kit.mnist import elastic
 from kit import netlab, scratch
 
-ROOT = os.geteuid() == 0
-
 
 @pytest.mark.timeout(30)
 def test_live_hosts_are_those_whose_ssh_port_answers():
@@ -59,10 +57,8 @@ def test_cutting_the_host_that_runs_horovodrun_is_refused():
             elastic.run_on_lab(Lab(), cut=bad)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not ROOT, reason="kit.netlab makes network namespaces, which needs root "
-                    "(CI runs as root; locally: sudo, or Docker with --cap-add NET_ADMIN)")
+@pytest.mark.requires_root
 def test_training_survives_a_cut_host_and_takes_it_back():
     scratch_before = set(os.listdir(scratch.root())) if os.path.isdir(scratch.root()) else set()
     t0 = time.time()
@@ -98,7 +94,8 @@ events, flags = sys.argv[sys.argv.index("--events") + 1], sys.argv[1]
 done = 0
 def write(event, size, **extra):
     with open(events, "a") as f:
-        f.write(json.dumps({"t": time.time(), "event": event, "size": size, "host": "h1", "done": done, **extra}) + "\n")
+        row = {"t": time.time(), "event": event, "size": size, "host": "h1", "done": done, **extra}
+        f.write(json.dumps(row) + "\n")
 def batches(size, n):
     global done
     for _ in range(n):

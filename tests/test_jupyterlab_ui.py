@@ -22,8 +22,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import is_root
 
-ROOT = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "00_environment.ipynb"
 RUN_ALL_SECONDS = 1500     # notebook 00, its lab section included: 7-15 minutes on a shared 2-core machine
 
@@ -71,7 +72,7 @@ def browser_or_reason():
     if missing:
         why = (f"the JupyterLab UI test needs {', '.join(missing)}: run `make setup` as root (it apt-installs "
                "chromium chromium-driver and pip-installs selenium into .venv)")
-        if os.geteuid() == 0:      # CI runs as root: there `make setup` installs them, so missing is a failure
+        if is_root():      # CI runs as root: there `make setup` installs them, so missing is a failure
             pytest.fail(why)
         pytest.skip(why)
     return chromium, driver
@@ -81,8 +82,8 @@ def start_lab(tmp: Path, port: int, token: str) -> subprocess.Popen:
     """Serve tmp/notebooks with scripts/lab.sh (what `make lab` runs), its JupyterLab state kept in tmp."""
     (tmp / "scripts").mkdir()
     (tmp / "notebooks").mkdir()
-    shutil.copy(ROOT / "scripts" / "lab.sh", tmp / "scripts" / "lab.sh")
-    shutil.copy(ROOT / "notebooks" / NOTEBOOK, tmp / "notebooks" / NOTEBOOK)
+    shutil.copy(REPO / "scripts" / "lab.sh", tmp / "scripts" / "lab.sh")
+    shutil.copy(REPO / "notebooks" / NOTEBOOK, tmp / "notebooks" / NOTEBOOK)
     (tmp / "config").mkdir()
     # window.jupyterapp, through which the test runs JupyterLab's own command (off by default)
     (tmp / "config" / "jupyter_server_config.json").write_text(
@@ -167,7 +168,6 @@ def stderr_texts(outputs):
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(RUN_ALL_SECONDS + 600)
 def test_notebook_00_runs_clean_in_jupyterlab(no_leaks):
     chromium, driver = browser_or_reason()
@@ -187,7 +187,7 @@ def test_notebook_00_runs_clean_in_jupyterlab(no_leaks):
         assert (tmp / "notebook00.png").stat().st_size > 0
 
         n = len(state["counts"])
-        want = sum(c["cell_type"] == "code" for c in json.loads((ROOT / "notebooks" / NOTEBOOK).read_text())["cells"])
+        want = sum(c["cell_type"] == "code" for c in json.loads((REPO / "notebooks" / NOTEBOOK).read_text())["cells"])
         assert n == want, f"JupyterLab shows {n} code cells, the notebook has {want}"
         errors = {i: f"{o['ename']}: {o['evalue']}" for i, outs in enumerate(state["outputs"])
                   for o in outs if o["output_type"] == "error"}
@@ -231,6 +231,6 @@ def test_engines_drop_only_tensorflow_start_up_noise(level, cuda, kept):
         kept = [k for k in kept if k != CUINIT]      # no NVIDIA driver here: a CPU machine, cuInit failing is noise
     written = "\n".join([BANNER, INFO, WARN, CUINIT, ERROR, "plain C output", "a partial line"])
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": level, "CUDA_VISIBLE_DEVICES": cuda,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", FILTER_CHILD, written], env=env, capture_output=True, timeout=60)
     assert out.stderr.decode().splitlines() == kept

@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -20,7 +20,7 @@ def free_port() -> int:
 
 def test_make_lab_serves_the_notebooks(no_leaks):
     port = free_port()
-    proc = subprocess.Popen(["make", "-s", "lab", f"LAB_PORT={port}"], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(["make", "-s", "lab", f"LAB_PORT={port}"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         url = None

@@ -14,16 +14,13 @@ import pytest
 
 from kit.mnist import lab as mnist_lab
 
-ROOT = os.geteuid() == 0
 REPO = Path(__file__).resolve().parent.parent
 # the classic CNN's weights: conv 3x3x1->32, conv 3x3x32->64, dense 9216->128, dense 128->10 (with biases)
 PARAMS = (9 * 32 + 32) + (9 * 32 * 64 + 64) + (9216 * 128 + 128) + (128 * 10 + 10)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not ROOT, reason="kit.netlab makes network namespaces, which needs root "
-                    "(CI runs as root; locally: sudo, or Docker with --cap-add NET_ADMIN)")
+@pytest.mark.requires_root
 def test_the_mnist_job_on_two_lab_hosts(tmp_path, no_leaks):
     done = subprocess.run([sys.executable, "-m", "kit.bench", "mnist_lab", "--tiny", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=560, cwd=REPO,

@@ -4,17 +4,13 @@ PS worker) up to the TCP/IP headers, and the times are near the α–β model bu
 
 Needs root (kit.netlab makes network namespaces): skipped without it; CI runs as root.
 """
-import os
 
 import pytest
 
 from kit.bench import network as netbench
 from kit.plots.network import bytes_error, ratios
 
-ROOT = os.geteuid() == 0
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not ROOT, reason="kit.netlab makes network namespaces, which needs root "
-                                 "(CI runs as root; locally: sudo, or Docker with --cap-add NET_ADMIN)")]
+pytestmark = [pytest.mark.lab, pytest.mark.requires_root]
 K = 4 << 20               # bytes per allreduce
 RATE = "200mbit"          # slow links: the network, not the 2 shared cores, sets the time
 CONTROL = 64 << 10        # bytes of barriers and ipyparallel heartbeats a host may add per call

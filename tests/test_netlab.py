@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import is_root
 
 from kit import mnist, netlab
 from kit.netlab import ssh as netlab_ssh
@@ -23,15 +24,13 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SCRIPT = str(REPO / "scripts" / "train_keras_mnist.py")
 TINY = ["--dataset", "digits", "--train-samples", "512", "--batch-size", "32", "--threads", "1"]
-ROOT = os.geteuid() == 0
-needs_root = pytest.mark.skipif(not ROOT, reason="kit.netlab makes network namespaces, which needs root "
-                                "(CI runs as root; locally: sudo, or Docker with --cap-add NET_ADMIN)")
+needs_root = pytest.mark.requires_root
 CHILD_ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 
 def leftovers() -> dict[str, list]:
     """Return every kit lab resource on this machine: namespaces, links, /etc/netns and temp dirs, processes."""
-    res = netlab._kit_resources() if ROOT else {}
+    res = netlab._kit_resources() if is_root() else {}
     procs = [p for p in os.listdir("/proc") if p.isdigit() and _lab_process(p)]
     return {"resources": sorted(res.items()), "processes": procs}
 
@@ -61,7 +60,7 @@ def ssh_home_state():
 def test_without_root_start_says_what_to_do():
     code = "import kit.netlab as n\ntry:\n    n.start(2)\nexcept n.LabError as e:\n    print(e)"
     # as root: the same call from a root process without CAP_NET_ADMIN (Docker without --cap-add NET_ADMIN)
-    prefix = ["setpriv", "--bounding-set", "-net_admin"] if ROOT else []
+    prefix = ["setpriv", "--bounding-set", "-net_admin"] if is_root() else []
     p = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, env=CHILD_ENV,
                        timeout=60)
     assert "needs root" in p.stdout and "--cap-add NET_ADMIN" in p.stdout, p.stdout + p.stderr
@@ -280,7 +279,6 @@ def finish(proc, timeout):
 
 
 @needs_root
-@pytest.mark.slow
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("kind", ["gloo", "mpi"])
 def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):

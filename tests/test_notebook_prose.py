@@ -6,8 +6,8 @@ committed outputs, or be on the short allow-list below with the reason it is not
 run's numbers belong in a cell that renders them (`IPython.display.Markdown(f"...")`), so that re-running the
 notebook can never leave the prose and the outputs disagreeing.
 
-Not checked: whole numbers without a % or × (step numbers, sizes, settings such as "a 4 MB message"), and text inside code (inline
-`code` spans and fenced or indented code blocks: parameter values and commands, not claims).
+Not checked: whole numbers without a % or × (step numbers, sizes, settings such as "a 4 MB message"), and text
+inside code (inline `code` spans and fenced or indented code blocks: parameter values and commands, not claims).
 """
 import json
 import re

@@ -1,10 +1,17 @@
 """environment.yml and Dockerfile.gpu cannot be built here (no conda, no Docker daemon): check that they pin
-the same versions as pyproject.toml and use the same Horovod install script."""
+the same versions as pyproject.toml and use the same Horovod install script. The README and docs/: every benchmark
+page is its results/NAME.json rendered, every `make` target, `python -m` module, variable and link they name exists."""
+import importlib.util
+import json
+import os
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
 PIN = re.compile(r"\b([A-Za-z][A-Za-z0-9_.-]*)(?:\[[^\]]*\])?==([0-9][^\s\"',;]*)")
 
 
@@ -13,49 +20,47 @@ def pins(text: str) -> dict[str, str]:
 
 
 def project_pins() -> dict[str, str]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     return pins("\n".join(deps))
 
 
 def test_every_dependency_is_pinned_exactly():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert len(project_pins()) == len(deps) > 10, [d for d in deps if "==" not in d]
 
 
 def test_environment_yml_pins_exactly_the_pyproject_versions():
-    assert pins((ROOT / "environment.yml").read_text()) == project_pins()
+    assert pins((REPO / "environment.yml").read_text()) == project_pins()
 
 
 def test_dockerfile_pins_agree_with_pyproject():
-    docker = pins((ROOT / "Dockerfile.gpu").read_text())
+    docker = pins((REPO / "Dockerfile.gpu").read_text())
     assert docker, "Dockerfile.gpu pins nothing"
     assert {k: project_pins()[k] for k in docker} == docker   # KeyError if it pins something pyproject lacks
 
 
 def test_one_install_script_everywhere():
     for f in ("environment.yml", "scripts/setup_env.sh"):
-        assert "scripts/install_horovod.sh" in (ROOT / f).read_text(), f
-    assert "RUN make setup" in (ROOT / "Dockerfile.gpu").read_text()      # which runs setup_env.sh
-    assert "HOROVOD_GPU_OPERATIONS=NCCL" in (ROOT / "Dockerfile.gpu").read_text()
+        assert "scripts/install_horovod.sh" in (REPO / f).read_text(), f
+    assert "RUN make setup" in (REPO / "Dockerfile.gpu").read_text()      # which runs setup_env.sh
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in (REPO / "Dockerfile.gpu").read_text()
     # the file sections of the patch: 6 for the compat fixes 1-4 and the kit's torch-ops option, 28 headers
     # for fix 5 (GCC >= 13 includes), 1 for fix 6 (Python 3.12 has no distutils)
-    assert (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text().count("\n--- a/") == 6 + 28 + 1
+    assert (REPO / "scripts/horovod-0.28.1-compat.patch").read_text().count("\n--- a/") == 6 + 28 + 1
 
 
 def test_ci_runs_what_the_readme_says():
-    ci = (ROOT / ".ci/run").read_text()
-    readme = (ROOT / "README.md").read_text()
+    ci = (REPO / ".ci/run").read_text()
+    readme = (REPO / "README.md").read_text()
     assert "make test" in ci and "make test" in readme and "make lab" in readme
 
 
 # --- install anywhere (issue 16) and the GPU image (issue 14) ------------------------------------------------
-import os
-import subprocess
 
 
 def stamp(**env) -> str:
     """The set-up stamp scripts/setup_env.sh would write for this environment (nothing is installed)."""
-    out = subprocess.run(["bash", "scripts/setup_env.sh", "--print-stamp"], cwd=ROOT, capture_output=True,
+    out = subprocess.run(["bash", "scripts/setup_env.sh", "--print-stamp"], cwd=REPO, capture_output=True,
                          text=True, env={**os.environ, **env}, timeout=60)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -70,127 +75,311 @@ def test_the_stamp_records_the_torch_build_and_the_gpu_operations():
 
 
 def test_a_bad_torch_choice_is_a_clear_error():
-    out = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "TORCH": "rocm", "VENV": "/nonexistent/venv"}, timeout=60)
     assert out.returncode != 0 and "TORCH must be auto, cpu or cuda" in out.stderr
 
 
 def test_horovod_cache_key_records_gpu_ops_frameworks_and_torch_ops():
-    script = (ROOT / "scripts/install_horovod.sh").read_text()
+    script = (REPO / "scripts/install_horovod.sh").read_text()
     key = next(line for line in script.splitlines() if line.startswith("key="))
     for part in ("$gpu_ops", "$torch_ops", "$tf_v", "$torch_v", "$patch_sum"):
         assert part in key, part
     assert "KIT_HOROVOD_TORCH_CUDA=0" in script                            # CUDA torch, no GPU: CPU ops
-    assert 'STREQUAL "0"' in (ROOT / "scripts/horovod-0.28.1-compat.patch").read_text()
+    assert 'STREQUAL "0"' in (REPO / "scripts/horovod-0.28.1-compat.patch").read_text()
 
 
 def test_docker_image_records_its_setup_and_ignores_host_state():
-    docker = (ROOT / "Dockerfile.gpu").read_text()
+    docker = (REPO / "Dockerfile.gpu").read_text()
     env_lines = " ".join(line for line in docker.splitlines() if line.startswith(("ENV", "    ")))
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in env_lines and "TORCH=cuda" in env_lines   # image-wide, not one RUN
     assert "RUN make setup" in docker            # the stamp is written by the same set-up `make lab` checks
-    assert "install_horovod.sh" in (ROOT / "scripts/setup_env.sh").read_text()
-    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "install_horovod.sh" in (REPO / "scripts/setup_env.sh").read_text()
+    ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv/", ".git/"} <= set(ignored)
-    assert "make test-gpu" in docker and "test-gpu:" in (ROOT / "Makefile").read_text()
+    assert "make test-gpu" in docker and "test-gpu:" in (REPO / "Makefile").read_text()
 
 
 def test_ci_runs_the_fresh_user_check():
-    ci = (ROOT / ".ci/run").read_text()
+    ci = (REPO / ".ci/run").read_text()
     assert "scripts/ci_fresh_user.sh" in ci
-    fresh = (ROOT / "scripts/ci_fresh_user.sh").read_text()
+    fresh = (REPO / "scripts/ci_fresh_user.sh").read_text()
     for must in ("useradd", "su - ", "git clone", "make setup", "00_environment.ipynb", "make lab", "userdel"):
         assert must in fresh, must
 
 
 def test_make_test_gpu_refuses_without_a_gpu():
     has_gpu = subprocess.run("nvidia-smi -L 2>/dev/null | grep -q ^GPU", shell=True).returncode == 0
-    out = subprocess.run(["make", "-s", "gpu-present"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["make", "-s", "gpu-present"], cwd=REPO, capture_output=True, text=True, timeout=60)
     if has_gpu:
         assert out.returncode == 0, out.stderr
     else:
         assert out.returncode != 0 and out.stderr.strip().splitlines()[0].startswith("make test-gpu: no NVIDIA GPU")
 
 
-def test_the_readme_gpu_table_is_what_results_gpu_json_measured():
-    """The README's GPU numbers are the lent machine's run of `python -m kit.bench gpu`, not typed in by hand."""
-    import json
-    r = json.loads((ROOT / "results" / "gpu.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("**Measured on a GPU**"):readme.index("What this says:")]
-    assert r["gpu"] in table.replace("one NVIDIA H200", "NVIDIA H200")
-    c = r["copy_gbps"]
-    assert f"| {c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s |" in table
-    sweep = r["sweep"]
-    lo, hi = "0", max(sweep["False"], key=int)
-    def row(key, fmt):
-        return " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))
-    assert row("samples_per_s", lambda v: f"{v:.0f}") in table
-    assert row("busy", lambda v: f"{100 * v:.0f}%") in table
-    assert row("gpu_util", lambda v: f"{v:.1f}%") in table
-    nccl, gloo = r["allreduce"]
-    assert "error" in nccl and "invalid usage" in nccl["error"] and "invalid usage" in table
-    assert f"{1000 * gloo['seconds']:.1f} ms, {gloo['busbw_gbps']:.1f} GB/s" in table
+# --- the README and docs/: what they say is what the code and results/*.json hold ------------------------------
+DOCS = REPO / "docs"
+BENCHMARKS = ("loading", "ps", "allreduce", "network", "mnist", "mnist_lab", "elastic", "gpu")
+README_MAX_LINES = 260
 
 
-def test_the_readme_elastic_table_is_what_results_elastic_json_measured():
-    """The README's elastic numbers are `python -m kit.bench elastic`'s, computed from its events."""
-    import json
+def _result(name: str) -> dict:
+    return json.loads((REPO / "results" / f"{name}.json").read_text())
+
+
+def _flat(text: str) -> str:
+    """Whitespace collapsed, so that a rendered block matches however the page wraps its prose."""
+    return " ".join(text.split())
+
+
+def _texts() -> dict[str, str]:
+    """README.md and every page under docs/: {path relative to the repository: text}."""
+    paths = [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]
+    return {str(p.relative_to(REPO)): p.read_text() for p in paths}
+
+
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+INLINE = re.compile(r"`([^`\n]+)`")
+
+
+def _code(text: str) -> list[str]:
+    """The code a page shows: its fenced blocks and its inline `code` spans."""
+    blocks = FENCE.findall(text)
+    return blocks + INLINE.findall(FENCE.sub("", text))
+
+
+# Each renderer returns the blocks its benchmark page must hold, rendered from the JSON: the kit's own renderer
+# where the kit has one (the notebooks show the same tables), else the columns the JSON records, formatted here.
+def _loading(x: dict) -> list[str]:
+    rows = ["| num_workers | samples/s | busy | wait ms | step ms | model ms | model error (held out) |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in x["sweep"]:
+        err = "fitted" if r["workers"] in x["fit_workers"] else f"{100 * r['model_error']:.1f}%"
+        rows.append(f"| {r['workers']} | {r['samples_per_s']:.0f} | {100 * r['busy']:.0f}% | {r['wait_ms']:.1f} | "
+                    f"{r['step_ms']:.1f} | {r['predicted_ms']:.1f} | {err} |")
+    return ["\n".join(rows)]
+
+
+def _ps(x: dict) -> list[str]:
+    assert all(r["bytes_exact"] for r in x["training"])
+    bytes_rows = ["| N | k | server in (B) | server out (B) | = N·K/k exactly |", "|---|---|---|---|---|"]
+    bytes_rows += [f"| {r['N']} | {r['k']} | {r['server_in']:,} | {r['server_out']:,} | {r['bytes_exact']} |"
+                   for r in x["training"]]
+    model = ["| N | k | K (MB) | empty ms | measured ms | predicted ms | error | plain 2(α + N·K/B) ms | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in x["exchange"]:
+        plain = r["measured_ms"] / r["predicted_one_host_ms"] - 1
+        model.append(f"| {r['N']} | {r['k']} | {r['K'] / 1e6:.1f} | {r['empty_ms']:.2f} | {r['measured_ms']:.1f} | "
+                     f"{r['predicted_ms']:.1f} | {r['error']:+.0%} | {r['predicted_one_host_ms']:.1f} | {plain:+.0%} |")
+    return ["\n".join(bytes_rows), "\n".join(model), f"K = {x['training'][0]['K']:,} bytes"]
+
+
+def _allreduce(x: dict) -> list[str]:
+    from kit.bench.allreduce import readme_table
+    fusion = ["| 100 tensors of 4 KB | one by one | in one call |", "|---|---|---|"]
+    fusion += [f"| {impl} | {1e3 * t['one_by_one']:.1f} ms | {1e3 * t['fused']:.1f} ms |"
+               for impl, t in x["fusion_100x4KB_s"].items()]
+    ring = ", ".join(f"N = {n}: {1e3 * s:.1f} ms" for n, s in x["model_points"]["kit ring"].items())
+    ab = f"α = {x['alpha_s'] * 1e6:.0f} µs and B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s"
+    return [readme_table(x), "\n".join(fusion), f"{x['model_bytes'] >> 20} MB", ring, ab]
+
+
+def _network(x: dict) -> list[str]:
+    from kit.plots.network import readme_tables
+    return [readme_tables(x, max(x["sizes"]))]
+
+
+def _mnist(x: dict) -> list[str]:
+    from kit.mnist import readme_table
+    return [readme_table(x)]
+
+
+def _mnist_on_lab_hosts(x: dict) -> list[str]:
+    from kit.mnist.lab import table
+    return [table(x), f"K = {x['gradient_bytes']:,} bytes"]
+
+
+def _elastic(x: dict) -> list[str]:
     from kit.mnist import elastic
-    r = json.loads((ROOT / "results" / "elastic.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Elastic Horovod on the lab"):readme.index("## Layout")]
-    assert "> " + r["summary"] in section
-    for i, run in enumerate(r["runs"], 1):
+    rows = []
+    for i, run in enumerate(x["runs"], 1):
         again = elastic.summarize(run["events"], run["t_cut"], run["t_restore"])    # the events say the same
-        assert again["lost_batches"] == run["lost_batches"] and again["pauses"] == run["pauses"]
+        assert again["lost_batches"] == run["lost_batches"] and again["pauses"] == run["pauses"], i
         back = next((p["seconds"] for p in run["pauses"] if p["t"] > run["t_restore"]), 0.0)
         sizes = run["batches_at_size"]
-        assert (f"| {i} | {run['seconds_to_carry_on']:.1f} s | {run['lost_batches'][0]} | "
-                f"{run['seconds_to_rejoin']:.1f} s | {back:.1f} s | {sizes.get('1', 0)} / {sizes.get('2', 0)} | "
-                f"{run['final_accuracy']:.3f} |") in section
+        rows.append(f"| {i} | {run['seconds_to_carry_on']:.1f} s | {run['lost_batches'][0]} | "
+                    f"{run['seconds_to_rejoin']:.1f} s | {back:.1f} s | {sizes.get('1', 0)} / {sizes.get('2', 0)} | "
+                    f"{run['final_accuracy']:.3f} |")
+    return ["\n".join(rows), f"Gloo timeout of {x['gloo_timeout_s']} s"]
 
 
-def test_the_readme_network_tables_are_what_results_network_json_measured():
-    """The README's network tables and summary line are `python -m kit.bench network`'s JSON, rendered."""
-    import json
-    from kit.plots.network import readme_tables
-    x = json.loads((ROOT / "results" / "network.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Ring and parameter server on a network"):readme.index("### 04 · Horovod")]
-    assert readme_tables(x, max(x["sizes"])) in section
-    assert "> " + x["summary"] in section
+def _gpu(x: dict) -> list[str]:
+    sweep, c = x["sweep"], x["copy_gbps"]
+    lo, hi = "0", max(sweep["False"], key=int)
+
+    def row(key, fmt):
+        return " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))
+    nccl, gloo = x["allreduce"]
+    assert "error" in nccl and "invalid usage" in nccl["error"]
+    m = x["machine"]
+    return [f"one {x['gpu']}, {m['cpu_cores']} cores, Python {m['versions']['python']}, PyTorch "
+            f"{m['versions']['torch']}, Horovod {m['versions']['horovod']}",
+            f"| {c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s |", f"W = {lo} → {hi}",
+            row("samples_per_s", lambda v: f"{v:.0f}"), row("busy", lambda v: f"{100 * v:.0f}%"),
+            row("gpu_util", lambda v: f"{v:.1f}%"), '"invalid usage"',
+            f"| {1000 * gloo['seconds']:.1f} ms, {gloo['busbw_gbps']:.1f} GB/s bus bandwidth |"]
 
 
-def test_the_readme_allreduce_table_is_what_results_allreduce_json_measured():
-    """The README's loopback allreduce table and summary line are `python -m kit.bench allreduce`'s JSON."""
-    import json
-    from kit.bench.allreduce import readme_table
-    x = json.loads((ROOT / "results" / "allreduce.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    start, end = readme.index("### 03 · Ring-allreduce"), readme.index("### Ring and parameter server on a network")
-    section = readme[start:end]
-    assert readme_table(x) in section
-    assert "> " + x["summary"] in section
+RENDER = {"loading": _loading, "ps": _ps, "allreduce": _allreduce, "network": _network, "mnist": _mnist,
+          "mnist_lab": _mnist_on_lab_hosts, "elastic": _elastic, "gpu": _gpu}
 
 
-def test_the_readme_mnist_table_is_what_results_mnist_json_measured():
-    """The README's MNIST throughput table and summary line are `python -m kit.bench mnist`'s JSON."""
-    import json
-    from kit.mnist import readme_table
-    x = json.loads((ROOT / "results" / "mnist.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### 04 · Horovod Keras MNIST"):readme.index("### Elastic Horovod on the lab")]
-    assert readme_table(x) in section
-    assert "> " + x["summary"] in section
+def test_every_benchmark_has_a_renderer_and_the_bench_knows_each():
+    from kit.bench import BENCHES
+    assert set(RENDER) == set(BENCHMARKS) == set(BENCHES)
 
 
-def test_the_readme_mnist_lab_table_is_what_results_mnist_lab_json_measured():
-    """The README's MNIST-on-lab-hosts table and summary line are `python -m kit.bench mnist_lab`'s JSON."""
-    import json
-    from kit.mnist.lab import table
-    x = json.loads((ROOT / "results" / "mnist_lab.json").read_text())
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### 04 · The MNIST job on lab hosts"):readme.index("### Elastic Horovod on the lab")]
-    assert table(x) in section and f"K =\n{x['gradient_bytes']:,} bytes" in section
-    assert "> " + x["summary"] in section
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_the_benchmark_page_is_its_results_json_rendered(name):
+    """docs/benchmarks/NAME.md holds results/NAME.json's tables, rendered, and its summary line, word for word."""
+    x = _result(name)
+    page = (DOCS / "benchmarks" / f"{name}.md").read_text()
+    assert f"python -m kit.bench {name}" in page and f"results/{name}.json" in page
+    assert "> " + x["summary"] + "\n" in page, "the page's summary line is not results/NAME.json's summary"
+    missing = [block for block in RENDER[name](x) if _flat(block) not in _flat(page)]
+    assert not missing, f"docs/benchmarks/{name}.md lacks, as results/{name}.json renders it:\n" + "\n\n".join(missing)
+
+
+def _top_level_clauses(summary: str) -> list[str]:
+    """A summary's clauses: split at '; ' outside parentheses."""
+    out, depth, cur, i = [], 0, "", 0
+    while i < len(summary):
+        ch = summary[i]
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and summary.startswith("; ", i):
+            out.append(cur)
+            cur, i = "", i + 2
+            continue
+        cur, i = cur + ch, i + 1
+    return out + [cur]
+
+
+def test_the_readme_results_at_a_glance_are_the_summaries_word_for_word():
+    """One line per benchmark, each made of clauses of its results/NAME.json summary, copied exactly (the first
+    clause may leave out the benchmark's name, which the line's link gives)."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Results at a glance"):]
+    section = section[:section.index("\n## ")]
+    lines = re.findall(r"^- \[(\w+)\]\(docs/benchmarks/(\w+)\.md\): (.+)$", section, re.M)
+    assert [n for n, _, _ in lines] == list(BENCHMARKS), "one line per benchmark, in the order of BENCHMARKS"
+    for name, page, text in lines:
+        assert name == page
+        clauses = _top_level_clauses(_result(name)["summary"])
+        first = clauses[0]
+        allowed = set(clauses) | {first.removeprefix(f"{name}: "), first.removeprefix(f"{name} ")}
+        for part in _top_level_clauses(text):
+            assert part in allowed, f"{name}: {part!r} is not a clause of results/{name}.json's summary"
+    assert len(re.findall(r"!\[[^\]]*\]\(results/\w+\.png\)", section)) == 2, "two figures"
+
+
+def test_the_readme_is_the_front_door_not_the_manual():
+    n = len((REPO / "README.md").read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines (at most {README_MAX_LINES}): move the detail to docs/"
+
+
+def _make_targets() -> set[str]:
+    targets = set()
+    for line in (REPO / "Makefile").read_text().splitlines():
+        if line.startswith(".PHONY:"):
+            targets |= set(line.split(":", 1)[1].split())
+        elif (m := re.match(r"([A-Za-z0-9][\w.-]*(?:[ \t]+[A-Za-z0-9][\w.-]*)*)[ \t]*:(?!=)", line)):
+            targets |= set(m.group(1).split())
+    return targets
+
+
+MAKE = re.compile(r"(?:^|[\s(;&|])make\s+(?:(?:-\S+|[A-Z_][A-Z0-9_]*=\S*)\s+)*([a-z][\w-]*)", re.M)
+
+
+def test_every_make_target_the_docs_name_is_in_the_makefile():
+    targets = _make_targets()
+    assert {"setup", "lab", "test", "test-fast", "test-gpu", "bench", "lint", "clean"} <= targets, targets
+    named = {(t, where) for where, text in _texts().items() for code in _code(text) for t in MAKE.findall(code)}
+    in_readme = {t for t, where in named if where == "README.md"}
+    assert {"lab", "test", "test-fast", "test-gpu", "bench", "lint", "clean"} <= in_readme, in_readme
+    bad = sorted(f"make {t} ({where})" for t, where in named if t not in targets)
+    assert not bad, "make targets the docs name that the Makefile lacks:\n" + "\n".join(bad)
+
+
+README_RUNS = {"kit.bench", "kit.mnist.train"}      # the python -m commands the README's five minutes show
+PYTHON_M = re.compile(r"\bpython3?\s+-m\s+([A-Za-z_][\w.]*)|\"-m\",\s*\"([A-Za-z_][\w.]*)\"")
+
+
+def test_every_python_m_module_the_docs_name_exists():
+    named = {(a or b, where) for where, text in _texts().items() for a, b in PYTHON_M.findall(text)}
+    assert README_RUNS <= {m for m, where in named if where == "README.md"}
+    bad = sorted(f"python -m {m} ({where})" for m, where in named if importlib.util.find_spec(m) is None)
+    assert not bad, "modules the docs run with python -m that do not exist:\n" + "\n".join(bad)
+
+
+ASSIGNED = re.compile(r"(?<![\w$])([A-Z][A-Z0-9]*_[A-Za-z0-9_]+|[A-Z][A-Z0-9]{2,})=")   # OMPI_MCA_btl= too
+
+
+def _variables(text: str) -> set[str]:
+    """The environment variables a page names: `NAME=...` in its code, and the first column of a table whose
+    header's first cell is 'variable'."""
+    names = {n for code in _code(text) for n in ASSIGNED.findall(code)}
+    in_table = False
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if not cells:
+            in_table = False
+        elif cells[0] == "variable":
+            in_table = True
+        elif in_table and (m := re.fullmatch(r"`([A-Z][A-Z0-9_]{2,})`", cells[0])):
+            names.add(m.group(1))
+    return names
+
+
+def test_every_variable_the_docs_name_is_read_or_set_by_the_code():
+    code = "\n".join(p.read_text(errors="replace") for p in
+                     [REPO / "Makefile", REPO / "tests" / "conftest.py", *(REPO / "scripts").rglob("*"),
+                      *(REPO / "kit").rglob("*.py")] if p.is_file())
+    named = {(v, where) for where, text in _texts().items() for v in _variables(text)}
+    readme = {v for v, where in named if where == "README.md"}
+    assert {"PYTEST_ARGS", "LAB_PORT", "TORCH", "PYTHON_BOOT"} <= readme, readme
+    bad = sorted(f"{v} ({where})" for v, where in named if not re.search(rf"\b{v}\b", code))
+    assert not bad, ("variables the docs name that no Makefile, script, kit module or tests/conftest.py "
+                     "mentions:\n" + "\n".join(bad))
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_in_the_readme_and_docs_points_to_a_file():
+    bad = []
+    for where, text in _texts().items():
+        prose = INLINE.sub("", FENCE.sub("", text))
+        for target in LINK.findall(prose):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (REPO / where).parent / path if path else REPO / where
+            if not dest.exists():
+                bad.append(f"{where}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                anchors = {_anchor(h) for h in re.findall(r"^#+ (.+)$", FENCE.sub("", dest.read_text()), re.M)}
+                if anchor not in anchors:
+                    bad.append(f"{where}: {target} (no such heading)")
+    assert not bad, "broken links:\n" + "\n".join(bad)
+
+
+def test_the_readme_says_python_3_11_and_quotes_no_tracker():
+    for where, text in _texts().items():
+        assert not re.search(r"Python\s*(?:≥|>=)?\s*3\.10", text), where
+        assert not re.search(r"\bissues?\s+#?\d+", text, re.I), f"{where} quotes an internal tracker"
+    assert "Python ≥ 3.11" in (REPO / "README.md").read_text()

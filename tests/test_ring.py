@@ -1,5 +1,5 @@
-"""kit.comm.ring and kit.comm.ring_sim: the simulation and the real ring equal the sum of the inputs (numpy, torch.distributed,
-Horovod), whatever the tensor's layout, and a dead neighbour is a clear error by the deadline."""
+"""kit.comm.ring and kit.comm.ring_sim: the simulation and the real ring equal the sum of the inputs (numpy,
+torch.distributed, Horovod), whatever the tensor's layout, and a dead neighbour is a clear error by the deadline."""
 import os
 import time
 
@@ -89,7 +89,6 @@ def _engine_compare(shape, dtype, seed):
     import torch
     import torch.distributed as dist
     import horovod.torch as hvd
-    import kit.comm.ring as ring
     rank, size = int(os.environ["KIT_RANK"]), int(os.environ["KIT_SIZE"])
     inputs = [np.random.default_rng([seed, r]).standard_normal(shape).astype(dtype) for r in range(size)]
     mine = torch.from_numpy(inputs[rank])
@@ -154,7 +153,6 @@ def _engine_mismatch(bad_rank, kind):
     """Every rank calls allreduce; `bad_rank` passes another shape or dtype. Return the error, then a good sum."""
     import os
     import torch
-    import kit.comm.ring as ring
     rank = int(os.environ["KIT_RANK"])
     t = torch.ones(6, dtype=torch.float32)
     if rank == bad_rank:
@@ -185,7 +183,6 @@ def test_mismatch_is_a_clear_error_on_every_rank(cluster3, kind):
 def _engine_allreduce_timed():
     import time
     import torch
-    import kit.comm.ring as ring
     t0 = time.perf_counter()
     try:
         ring.allreduce(torch.ones(1000))

@@ -1,4 +1,5 @@
-"""kit.cluster.stall: a rank that never joins a collective is named, within the cluster's timeout; restart() recovers."""
+"""kit.cluster.stall: a rank that never joins a collective is named, within the cluster's timeout; restart()
+recovers."""
 import os
 import time
 

@@ -20,7 +20,9 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     carry, rejoin = (statistics.median(r[k] for r in runs) for k in ("seconds_to_carry_on", "seconds_to_rejoin"))
     lost = [b for r in runs for b in r["lost_batches"]]
     summary = (f"elastic: {len(runs)} run(s), 2 lab hosts at {runs[0]['rate']}: h1 carried on alone {carry:.1f} s "
-               f"after h2's link was cut (median; Gloo timeout {elastic.GLOO_TIMEOUT} s), losing {min(lost)}-{max(lost)} "
+               f"after h2's link was cut (median; Gloo timeout {elastic.GLOO_TIMEOUT} s), "
+               f"losing {min(lost)}-{max(lost)} "
                f"batches (commit every {runs[0]['commit_every']}); h2 rejoined {rejoin:.1f} s after the restore; "
-               f"final accuracy {min(r['final_accuracy'] for r in runs):.3f}-{max(r['final_accuracy'] for r in runs):.3f}")
+               f"final accuracy {min(r['final_accuracy'] for r in runs):.3f}-"
+               f"{max(r['final_accuracy'] for r in runs):.3f}")
     return {"gloo_timeout_s": elastic.GLOO_TIMEOUT, "runs": runs}, summary

@@ -13,7 +13,8 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     steps, rounds = (12, 1) if quick else (30, 3)
     workers = (0, 1, 2) if quick else (0, 1, 2, 3, 4, 6)
     store, dataset, step = pipeline.setup(steps)
-    res = pipeline.sweep_experiment(dataset, step, workers, steps, pipeline.DEFAULT["batch_size"], rounds, fit_workers=(0, 2))
+    res = pipeline.sweep_experiment(dataset, step, workers, steps, pipeline.DEFAULT["batch_size"], rounds,
+                                    fit_workers=(0, 2))
     rows, best, mons = res["rows"], res["best"], res["mons"]
     fig, axes = figure(3, figsize=(12.6, 3.2))
     plot_sweep(rows, ax=axes[0], title="default demo")

@@ -13,7 +13,8 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     repeats, steps = (1, 10) if quick else (5, 60)
     names = ["pinned"] if quick else list(model.SETTINGS)      # quick: a smoke run of every step, one pair each
     throughput = {name: model.paired_throughput(model.SETTINGS[name], repeats, steps) for name in names}
-    throughput["pinned_mpi"] = model.paired_throughput(model.SETTINGS["pinned"], repeats if quick else 3, steps, launcher="mpi")
+    throughput["pinned_mpi"] = model.paired_throughput(model.SETTINGS["pinned"], repeats if quick else 3, steps,
+                                                       launcher="mpi")
     if not quick:      # what MPI_ENV's yield-when-idle buys: the same pairs with Open MPI's default busy-polling
         throughput["pinned_mpi_busy_poll"] = model.paired_throughput(model.SETTINGS["pinned"], 3, steps, launcher="mpi",
                                                                env={"OMPI_MCA_mpi_yield_when_idle": "0"})

@@ -21,6 +21,7 @@ def bench(out_dir: Path, quick: bool, tiny: bool = False) -> tuple[dict, str]:
     parts = [f"{r['n']} hosts at {r['rate']}: {r['speedup']:.2f}x, allreduce {r['allreduce_share']:.0%} of a step "
              f"({1e3 * r['allreduce_s']:.0f} ms; link alone {1e3 * r['link_s']:.0f} ms)" for r in result["runs"]]
     summary = (f"mnist_lab: 1 worker {result['one_worker']['samples_per_s']:,.0f} samples/s; " + "; ".join(parts)
-               + f"; the wire equals a step's compute at {lab_runs.crossover_rate(result) / 1e9:.2f} Gbit/s (2 workers, "
+               + f"; the wire equals a step's compute at {lab_runs.crossover_rate(result) / 1e9:.2f} Gbit/s "
+               f"(2 workers, "
                f"{result['gradient_bytes'] / 1e6:.1f} MB of gradients)")
     return result, summary

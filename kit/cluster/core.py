@@ -19,7 +19,7 @@ import time
 from kit import env as kit_env, scratch, sysinfo
 from kit.cluster import engines, launchers, remote, stall
 from kit.cluster.devices import plan_devices
-from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, Slot, assign_slots, gloo_env, launcher
+from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, Slot, assign_slots, launcher
 
 BACKENDS = tuple(LAUNCHERS)
 DEFAULT_TIMEOUT = 60.0

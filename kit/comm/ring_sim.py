@@ -56,7 +56,8 @@ def simulate(arrays) -> tuple[list[np.ndarray], list[Step]]:
     if n == 0:
         raise ValueError("simulate needs at least one worker's array")
     if len({(a.shape, a.dtype) for a in arrays}) > 1:
-        raise ValueError(f"every worker needs the same shape and dtype, got {[(a.shape, str(a.dtype)) for a in arrays]}")
+        got = [(a.shape, str(a.dtype)) for a in arrays]
+        raise ValueError(f"every worker needs the same shape and dtype, got {got}")
     buffers = [a.reshape(-1).copy() for a in arrays]
     bounds = chunk_bounds(buffers[0].size, n)
     held = np.ones((n, n), dtype=int)

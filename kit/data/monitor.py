@@ -26,7 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from kit.env import cpu_cores  # noqa: F401  (kit.env is its home; notebook 01 calls monitor.cpu_cores())
+from kit.env import cpu_cores
 
 
 class NoNVMLWarning(UserWarning):

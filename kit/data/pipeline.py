@@ -18,7 +18,6 @@ import io
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,7 +26,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from kit.data import monitor
-from kit.plots import data as plots_data
 from kit.plots.data import plot_kinds, plot_sweep, plot_timelines  # noqa: F401  (notebook 01 calls data.plot_*)
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG"}

@@ -10,7 +10,6 @@ The six Horovod steps themselves stay in the notebook and in the script, where t
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -21,8 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from kit import env
-from kit.plots import data as plots_data
-from kit.mnist import timeline
 from kit.mnist.checkpoint import (CKPT_RE, CheckpointError, check_writable, checkpoint_callback,  # noqa: F401
                          latest_good_checkpoint, list_checkpoints, load_checkpoint, optimizer_variables, restore,
                          resume, save_checkpoint)

@@ -27,7 +27,7 @@ import tempfile
 
 from kit.netlab import rate as netlab_rate
 from kit.netlab import ssh as netlab_ssh
-from kit.netlab.system import LabError, _has_net_admin, parse_rate, run  # noqa: F401  (kit.netlab's face)
+from kit.netlab.system import LabError, _has_net_admin, parse_rate, run
 
 PREFIX = "kitlab"
 NAME_RE = re.compile(rf"^{PREFIX}(\d+)-")

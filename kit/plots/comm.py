@@ -115,7 +115,8 @@ def plot_ps_extrapolation(alpha: float, B: float, K: float, ns, ks=(1, 8, 64), c
     return ax
 
 def plot_ring_step(step, ax=None):
-    """Draw one `kit.comm.ring_sim.Step`: workers on a circle, each a row of chunks coloured by how many inputs they sum."""
+    """Draw one `kit.comm.ring_sim.Step`: workers on a circle, each a row of chunks coloured by how many inputs
+    they sum."""
     import matplotlib.pyplot as plt
     n = step.contributions.shape[0]
     ax = axes(ax, 1, (4, 4))[0]

@@ -120,7 +120,9 @@ def test_nvml_monitor_sees_utilisation_and_memory_move():
             while time.perf_counter() < t_end:
                 t0 = time.perf_counter()
                 loss = torch.nn.functional.cross_entropy(model(x), y)
-                opt.zero_grad(); loss.backward(); opt.step()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
                 torch.cuda.synchronize()
                 mon.record(0.0, time.perf_counter() - t0, samples=len(x))
     assert mon.has_nvml, "NVML did not open on a GPU host"
