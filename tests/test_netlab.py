@@ -175,6 +175,41 @@ def test_two_labs_at_once(no_leaks):
     assert_clean()
 
 
+OTHER_PROCESS_LAB = """
+import sys, kit.netlab as n
+lab = n.start(1)
+print(lab.id, flush=True)
+sys.stdin.readline()                      # hold the lab until the test says so
+print(lab.ssh("h1", "hostname").stdout.strip(), flush=True)
+lab.stop()
+"""
+
+
+@needs_root
+@pytest.mark.timeout(180)
+def test_labs_of_processes_with_different_temp_dirs_are_not_swept(tmp_path, no_leaks):
+    """A lab started from a shell or a kernel (its own TMPDIR) survives a `start()` in `make test` (another TMPDIR):
+    the owner record is found by every process, whatever its temp dir."""
+    other_tmp = tmp_path / "other-tmp"
+    other_tmp.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", OTHER_PROCESS_LAB], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**CHILD_ENV, "TMPDIR": str(other_tmp)})
+    try:
+        other_id = int(other.stdout.readline())
+        with netlab.start(1) as mine:          # sweeps stale labs: must not take the other process's
+            assert mine.id != other_id and other_id in netlab._kit_resources()
+            assert mine.ssh("h1", "hostname").stdout.strip() == "h1"
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        assert other.stdout.readline().strip() == "h1", "the other process's lab was swept"
+        assert other.wait(timeout=60) == 0
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+    assert_clean()
+
+
 # ------------------------------------------------------------------------------------ rate, cut, restore
 def within(measured: dict, rate: str, tol=0.10):
     want = netlab.parse_rate(rate) / 8

@@ -33,6 +33,9 @@ PREFIX = "kitlab"
 NAME_RE = re.compile(rf"^{PREFIX}(\d+)-")
 MAX_LABS = 64
 LOCK = f"/run/{PREFIX}.lock"
+# Who owns each lab, in one place every process on the machine sees whatever its TMPDIR (a notebook kernel, a
+# shell and `make test` each have their own): /run/kitlab/kitlab<N>-owner.json = {pid, start, dir}.
+OWNERS = f"/run/{PREFIX}"
 
 
 def check_requirements():
@@ -73,14 +76,26 @@ def _kit_resources() -> dict[int, dict[str, list[str]]]:
         add("etc", d, os.path.basename(d))
     for d in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-*")):
         add("tmp", d, os.path.basename(d))
+    for record in glob.glob(os.path.join(OWNERS, f"{PREFIX}*-owner.json")):
+        add("owner", record, os.path.basename(record))
+        try:                                    # the lab's dir, in its owner's temp dir (not necessarily ours)
+            d = json.load(open(record))["dir"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if os.path.isdir(d):
+            add("tmp", d, os.path.basename(d))
+    for res in found.values():
+        if "tmp" in res:
+            res["tmp"] = sorted(set(res["tmp"]))
     return found
 
 
-def _owner_alive(tmp_dirs: list[str]) -> bool:
-    """Return whether the process that made one of these lab dirs still runs (same pid AND same start time)."""
-    for d in tmp_dirs:
+def _owner_alive(res: dict[str, list[str]]) -> bool:
+    """Return whether the process that made this lab still runs (same pid AND same start time), from its record in
+    OWNERS or, for a lab made before records existed, the owner.json in its dir."""
+    for path in res.get("owner", []) + [os.path.join(d, "owner.json") for d in res.get("tmp", [])]:
         try:
-            owner = json.load(open(os.path.join(d, "owner.json")))
+            owner = json.load(open(path))
             if _start_time(owner["pid"]) == owner["start"]:
                 return True
         except (OSError, ValueError, KeyError):
@@ -120,6 +135,17 @@ def _remove(res: dict[str, list[str]]):
         run("ip", "link", "del", link, check=False)
     for d in res.get("etc", []) + res.get("tmp", []):
         shutil.rmtree(d, ignore_errors=True)
+    for record in res.get("owner", []):
+        try:
+            os.remove(record)
+        except FileNotFoundError:
+            pass
+    with open(LOCK, "w") as lock:                # the records' folder goes with the last lab (not while one starts)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            os.rmdir(OWNERS)
+        except OSError:
+            pass
 
 
 def _cmdline_has(pid: str, text: str) -> bool:
@@ -131,7 +157,7 @@ def _cmdline_has(pid: str, text: str) -> bool:
 
 def sweep() -> list[int]:
     """Remove every lab whose owner process is gone (a crashed kernel); return their numbers."""
-    stale = [i for i, res in _kit_resources().items() if not _owner_alive(res.get("tmp", []))]
+    stale = [i for i, res in _kit_resources().items() if not _owner_alive(res)]
     for i in stale:
         _remove(_kit_resources().get(i, {}))
     return stale
@@ -303,8 +329,12 @@ def start(hosts: int = 4, rate: str = "1gbit") -> Lab:
         if not free:
             raise LabError(f"{MAX_LABS} labs are running already: stop one (lab.stop())")
         dir_ = tempfile.mkdtemp(prefix=f"{PREFIX}{free[0]}-")
+        owner = {"pid": os.getpid(), "start": _start_time(os.getpid()), "dir": dir_}
         with open(os.path.join(dir_, "owner.json"), "w") as f:
-            json.dump({"pid": os.getpid(), "start": _start_time(os.getpid())}, f)
+            json.dump(owner, f)
+        os.makedirs(OWNERS, mode=0o755, exist_ok=True)
+        with open(os.path.join(OWNERS, f"{PREFIX}{free[0]}-owner.json"), "w") as f:
+            json.dump(owner, f)
         lab = Lab(free[0], hosts, rate, dir_)
         _LABS.add(lab)
     try:
