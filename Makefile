@@ -6,7 +6,7 @@ LAB_PORT ?= 8888
 # Which PyTorch build: auto (CUDA when an NVIDIA GPU is present, else CPU), cpu or cuda. `make TORCH=cpu setup`.
 TORCH ?= auto
 PYTEST_ARGS ?=
-# Horovod's Keras integration needs tf-keras (Keras 2): chosen before TensorFlow is imported (README).
+# Horovod's Keras integration needs tf-keras (Keras 2): chosen before TensorFlow is imported (docs/install.md).
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 

@@ -14,7 +14,7 @@ import sys
 import threading
 
 # Horovod's Keras integration needs the Keras 2 API (the tf-keras package), chosen by this variable before
-# TensorFlow is first imported (README "Why tf-keras"; horovod#4290). TF_CPP_MIN_LOG_LEVEL=2 keeps
+# TensorFlow is first imported (docs/install.md "Why tf-keras"; horovod#4290). TF_CPP_MIN_LOG_LEVEL=2 keeps
 # TensorFlow's C++ start-up lines out of the notebooks' outputs.
 FRAMEWORK_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -23,7 +23,7 @@ FRAMEWORK_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 # Open MPI refuses to run as root without these; a plain user gets none of them.
 # Open MPI busy-polls while it waits for a message; with as many ranks as cores (or more) that spinning takes the
 # core from the rank's compute thread. Yielding when idle: 2 pinned workers of kit.mnist.train on 2
-# cores went from 1,434 to 2,072 samples/s (Gloo: 1,836; README "MPI scaling"). Root needs the two ALLOWs.
+# cores went from 1,434 to 2,072 samples/s (Gloo: 1,836; docs/benchmarks/mnist.md). Root needs the two ALLOWs.
 MPI_ENV = {"OMPI_MCA_mpi_yield_when_idle": "1",
            **({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {})}
 

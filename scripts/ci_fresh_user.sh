@@ -9,7 +9,7 @@
 #   sudo KIT_CI_FULL=1 bash scripts/ci_fresh_user.sh     # + the whole suite as that user (~30 min more)
 #
 # Cost: the user's pip downloads ~3.5 GB (PyTorch's CPU index is unreachable here, so PyPI's CUDA torch; see
-# README "Which PyTorch"), then Horovod is built (10 min of CPU, 5-10 min on 2 cores): ~20 min in all. The
+# docs/install.md "Which PyTorch"), then Horovod is built (10 min of CPU, 5-10 min on 2 cores): ~20 min in all. The
 # user's pip cache and Horovod wheel cache are kept between runs (in $KIT_CI_CACHE, default /var/cache/kit-ci),
 # to keep CI inside its 90 minutes: this machine's index sends no cache headers, so pip caches little and each
 # run downloads again; the Horovod wheel is relocatable (install_horovod.sh) and is rebuilt whenever its key

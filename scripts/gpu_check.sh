@@ -7,7 +7,7 @@
 #   KIT_GPU_CHECK_DRY_RUN=1 bash scripts/gpu_check.sh WHEELHOUSE    # CPU machine: the same steps, Horovod with
 #                                                        # Gloo only, and the GPU tests must refuse cleanly
 # PYTHON=python3.12 picks the interpreter that has CUDA torch. KIT_GPU_CHECK_KEEP=DIR keeps the venv there.
-# KIT_GPU_CHECK_BENCH=DIR also runs `python -m kit.bench gpu --out DIR` (the README's GPU table) before the tests.
+# KIT_GPU_CHECK_BENCH=DIR also runs `python -m kit.bench gpu --out DIR` (docs/benchmarks/gpu.md's table) before the tests.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 wh=$(cd "${1:?usage: gpu_check.sh WHEELHOUSE (made by scripts/gpu_wheelhouse.sh)}" && pwd)
@@ -60,7 +60,7 @@ fi
 env "${hvd_env[@]}" bash "$repo/scripts/install_horovod.sh" || die "the Horovod build failed (log above)"
 
 cd "$repo"
-if [ -n "${KIT_GPU_CHECK_BENCH:-}" ] && [ "$dry" != 1 ]; then   # the README's GPU numbers, before the tests
+if [ -n "${KIT_GPU_CHECK_BENCH:-}" ] && [ "$dry" != 1 ]; then   # the GPU numbers of docs/benchmarks/gpu.md, before the tests
   say "kit.bench gpu -> $KIT_GPU_CHECK_BENCH"
   "$V" -m kit.bench gpu --out "$KIT_GPU_CHECK_BENCH" || say "kit.bench gpu failed (rc=$?); the tests still run"
 fi

@@ -43,7 +43,7 @@ patch_sum=$(sha256sum "$patch_file" | cut -c1-10)
 # Horovod's PyTorch ops and CUDA. With a CPU torch there is nothing to decide. With a CUDA torch (PyPI's default
 # Linux wheel) Horovod calls add_cuda() and needs a full CUDA toolkit; the kit builds the ops with CUDA only where
 # they can use it: GPU operations asked for (HOROVOD_GPU_OPERATIONS, e.g. Dockerfile.gpu), or a GPU plus a toolkit
-# (nvcc) on this machine. Otherwise the patch's KIT_HOROVOD_TORCH_CUDA=0 builds them for CPU tensors (README).
+# (nvcc) on this machine. Otherwise the patch's KIT_HOROVOD_TORCH_CUDA=0 builds them for CPU tensors (docs/install.md).
 torch_cuda=$("$PY" -c 'import torch; print("yes" if torch.version.cuda else "no")')
 has_gpu() { nvidia-smi -L 2>/dev/null | grep -q '^GPU' || compgen -G '/proc/driver/nvidia/gpus/*' >/dev/null; }
 has_nvcc() { command -v nvcc >/dev/null || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; }

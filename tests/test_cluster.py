@@ -9,6 +9,8 @@ import time
 import psutil
 import pytest
 
+import kit
+
 import kit.cluster as kc
 import kit.env
 from conftest import descendants, importable
@@ -122,7 +124,7 @@ def test_bad_devices_value_says_what_is_allowed():
 
 
 def test_start_refuses_gpu_work_on_too_few_gpus_before_starting_anything(no_leaks, monkeypatch):
-    monkeypatch.setattr(kc.sysinfo, "visible_gpus", lambda: ["0"])
+    monkeypatch.setattr(kit.sysinfo, "visible_gpus", lambda: ["0"])
     before = descendants()
     with pytest.raises(kc.ClusterError, match="2 engines per host but only 1 GPU.*share_gpus=True"):
         kc.start(2, "gloo", devices="gpu")
@@ -211,7 +213,7 @@ def test_servers_listen_on_loopback_only(no_leaks, backend):
         assert listening, "expected the controller, rendezvous and gloo listeners"
         wild = {(ip, name) for ip, name in listening if ip != "127.0.0.1"}
         # mpi: the ranks talk through shared memory (no TCP transport, no listener); Open MPI 5.0.x's mpiexec
-        # (prterun) binds every address whatever its settings say: open-mpi/ompi#14441 (README "Loopback only")
+        # (prterun) binds every address whatever its settings say: open-mpi/ompi#14441 (docs/cluster.md)
         assert {name for _, name in wild} <= ({"prterun"} if backend == "mpi" else set()), listening
 
 

@@ -62,7 +62,7 @@ def lab():
     lab = netlab.start(hosts=2)
     yield lab
     lab.stop()
-    assert not netlab._kit_resources().get(lab.id), "the lab left namespaces, links or files behind"
+    assert not netlab.lab._kit_resources().get(lab.id), "the lab left namespaces, links or files behind"
 
 
 @pytest.fixture(scope="module", params=["gloo", "mpi"])

@@ -30,7 +30,7 @@ CHILD_ENV = dict(os.environ, PYTHONPATH=str(REPO))
 
 def leftovers() -> dict[str, list]:
     """Return every kit lab resource on this machine: namespaces, links, /etc/netns and temp dirs, processes."""
-    res = netlab._kit_resources() if is_root() else {}
+    res = netlab.lab._kit_resources() if is_root() else {}
     procs = [p for p in os.listdir("/proc") if p.isdigit() and _lab_process(p)]
     return {"resources": sorted(res.items()), "processes": procs}
 
@@ -153,7 +153,7 @@ def test_start_after_a_crash_sweeps_the_dead_lab(no_leaks):
     finally:
         child.kill()                                            # SIGKILL: no atexit, no stop()
         child.wait(timeout=30)
-    assert crashed["id"] in netlab._kit_resources() and os.path.isdir(crashed["dir"])
+    assert crashed["id"] in netlab.lab._kit_resources() and os.path.isdir(crashed["dir"])
     with netlab.start(2) as lab:                                # sweeps the dead lab, then starts
         assert lab.id == crashed["id"], "the crashed lab's number was not freed"
         assert not os.path.exists(crashed["dir"])
@@ -197,7 +197,7 @@ def test_labs_of_processes_with_different_temp_dirs_are_not_swept(tmp_path, no_l
     try:
         other_id = int(other.stdout.readline())
         with netlab.start(1) as mine:          # sweeps stale labs: must not take the other process's
-            assert mine.id != other_id and other_id in netlab._kit_resources()
+            assert mine.id != other_id and other_id in netlab.lab._kit_resources()
             assert mine.ssh("h1", "hostname").stdout.strip() == "h1"
         other.stdin.write("go\n")
         other.stdin.flush()

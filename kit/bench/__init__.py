@@ -1,4 +1,4 @@
-"""Benchmarks behind the README's tables: `python -m kit.bench NAME [--quick | --tiny] [--out results/]`.
+"""Benchmarks behind docs/benchmarks/: `python -m kit.bench NAME [--quick | --tiny] [--out results/]`.
 
 Each benchmark writes results/NAME.json (and its plots as results/NAME*.png) and prints, as its last line,
 a one-line summary of the figures its issue asks for. Speed targets live here, never in unit tests.
@@ -50,7 +50,7 @@ def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False) -> st
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__.splitlines()[0])
     p.add_argument("name", choices=[*BENCHES, "all"])
-    p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the README)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the docs)")
     p.add_argument("--tiny", action="store_true",
                    help="smallest settings: a smoke run (ps, allreduce, network, mnist_lab)")
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")

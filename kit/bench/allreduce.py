@@ -261,7 +261,7 @@ README_SIZES = (4 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20)
 
 
 def readme_table(result: dict, sizes=README_SIZES) -> str:
-    """Return the README's table of a `python -m kit.bench allreduce` run: time · busbw (GB/s) per implementation
+    """Return the docs' table of a `python -m kit.bench allreduce` run: time · busbw (GB/s) per implementation
     and size (tests/test_packaging checks the README against it)."""
     by = {(r["impl"], r["bytes"]): r for r in result["records"]}
     impls = list(dict.fromkeys(r["impl"] for r in result["records"]))

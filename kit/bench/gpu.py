@@ -1,4 +1,4 @@
-"""The README's GPU numbers: `python -m kit.bench gpu` on a GPU host (scripts/gpu_check.sh runs it).
+"""The GPU numbers (docs/benchmarks/gpu.md): `python -m kit.bench gpu` on a GPU host (scripts/gpu_check.sh runs it).
 
 Three measurements, each the GPU side of a lesson:
 - host -> GPU copies from pageable and from pinned memory (why `pin_memory=True`; notebook 01);

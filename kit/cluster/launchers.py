@@ -211,7 +211,7 @@ class MPILauncher(Launcher):
         else:  # one host: MPI's messages go through shared memory; no TCP transport, so no listener of the ranks
             # (Open MPI's TCP transport binds 0.0.0.0 and :: whatever btl_tcp_if_include says, open-mpi/ompi#12668).
             # mpiexec's own (prterun's) listener still takes every address: open-mpi/ompi#14441, fixed in PRRTE
-            # after the Open MPI 5.0.x that pip installs (openpmix/prrte#2788); see README "Loopback only".
+            # after the Open MPI 5.0.x that pip installs (openpmix/prrte#2788); see docs/cluster.md.
             cfg.environment.update(OMPI_MCA_btl="self,sm")
 
     def rank_order(self, info):

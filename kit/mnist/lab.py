@@ -94,7 +94,7 @@ def scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"), steps: int = 30) -> di
 
 
 def table(result: dict) -> str:
-    """Return the runs as a markdown table: notebook 04 shows it, the README has the benchmark's (checked)."""
+    """Return the runs as a markdown table: notebook 04 shows it, as docs/benchmarks/mnist_lab.md does."""
     one = result["one_worker"]
     out = ["| link | hosts | samples/s | speed-up | ms per step | allreduce ms (share) | link alone ms | "
            "cores busy per worker |", "|---|---|---|---|---|---|---|---|",

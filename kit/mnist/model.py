@@ -35,6 +35,7 @@ WARMUP_EPOCHS = 3       # gradual warmup from lr to lr * size (Goyal et al.; Hor
 SYNTHETIC_WARMUP = 10   # steps synthetic_throughput runs before it starts timing (graph building, first sync)
 REPO = Path(__file__).resolve().parents[2]   # the folder that holds the `kit` package: the jobs' working directory
 TRAIN = ("-m", "kit.mnist.train")   # the training script, as `python -m kit.mnist.train`
+TRAIN_FILE = Path(__file__).with_name("train.py")   # its source (notebook 04 prints a part of it)
 
 
 def launch_env(**extra) -> dict:

@@ -140,12 +140,6 @@ def _remove(res: dict[str, list[str]]):
             os.remove(record)
         except FileNotFoundError:
             pass
-    with open(LOCK, "w") as lock:                # the records' folder goes with the last lab (not while one starts)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            os.rmdir(OWNERS)
-        except OSError:
-            pass
 
 
 def _cmdline_has(pid: str, text: str) -> bool:
@@ -247,6 +241,12 @@ class Lab:
                 p.wait(timeout=10)
         _remove(_kit_resources().get(self.id, {}))
         _LABS.discard(self)
+        with open(LOCK, "w") as lock:             # the owners' folder goes with the last lab, not while one starts
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                os.rmdir(OWNERS)
+            except OSError:
+                pass
 
     def kill_jobs(self):
         """Kill everything running on the lab's hosts except their SSH servers (a job that went wrong)."""

@@ -149,7 +149,7 @@ SHORT = {"ring": "kit ring", "byteps": "PS, k=N on workers (BytePS)", "torch": "
 
 
 def readme_tables(x: dict, K: int) -> str:
-    """Return the README's markdown for a run: the links (ping-pong, stream), then every row at K bytes."""
+    """Return docs/benchmarks/network.md for a run: the links (ping-pong, stream), then every row at K bytes."""
     cores = x.get("machine", {}).get("cpu_cores", "?")
     out = [f"Links {x['rate']} each way; {cores} cores; run took {x['seconds']:.0f} s; {x['reps']} timed calls "
            "per point.", "", "| N | α (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |", "|---|---|---|---|"]
