@@ -167,3 +167,12 @@ def test_tensorflow_then_a_torch_optimizer_in_one_process():
             "torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\nprint('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0 and out.stdout.strip() == "ok", (out.returncode, out.stderr[-2000:])
+
+
+def test_every_path_the_kit_gives_child_processes_holds_the_kit_package():
+    """KIT_ROOT (PYTHONPATH of remote engines and lab servers) and kit.mnist.REPO (the jobs' working directory) are
+    the folder that holds `kit`, never `kit/` itself: there `kit/comm` would shadow Jupyter's `comm` package."""
+    from kit.bench import network
+    from kit.cluster import remote
+    for path in (remote.KIT_ROOT, network.KIT_ROOT, str(kit.mnist.REPO)):
+        assert os.path.isfile(os.path.join(path, "kit", "__init__.py")), path

@@ -37,7 +37,7 @@ IMPLS = ("ring", "byteps", "torch", "horovod", "horovod_mpi", "ps")
 # pulls K while it sends K: its counters show up to 66/1448 of K in ACKs).
 TCP_OVERHEAD_BOUND = 2 * 66 / 1448
 PINGPONG_SIZES = [4, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
-KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds `kit`
 
 
 # ----------------------------------------------------------------------------------- on every engine (and server)

@@ -156,6 +156,7 @@ class Watch:
         self.stall: Stall | None = None
         self.suspect: Stall | None = None
         self._done = threading.Event()
+        self._lock = threading.Lock()      # check() (the watch thread) and after_interrupt() both record a stall
         self._thread = threading.Thread(target=self._loop, daemon=True, name="kit-stall-watch")
         self._thread.start()
 
@@ -171,14 +172,15 @@ class Watch:
 
     def check(self) -> Stall | None:
         """Look once; on a (first) stall, record it and ask every engine to shut Horovod down."""
-        if self.stall is None:
-            states = self.states()
-            self.stall = find_stall(states, self.n, self.timeout, time.time())
-            if self.stall is not None:
-                open(os.path.join(self.folder, STOP), "w").close()
-            else:   # a stall in the making, for a collective that gives up by itself (torch.distributed)
-                self.suspect = find_stall(states, self.n, self.timeout / 2, time.time()) or self.suspect
-        return self.stall
+        with self._lock:
+            if self.stall is None:
+                states = self.states()
+                self.stall = find_stall(states, self.n, self.timeout, time.time())
+                if self.stall is not None:
+                    open(os.path.join(self.folder, STOP), "w").close()
+                else:   # a stall in the making, for a collective that gives up by itself (torch.distributed)
+                    self.suspect = find_stall(states, self.n, self.timeout / 2, time.time()) or self.suspect
+            return self.stall
 
     def after_interrupt(self, grace: float = 15.0) -> Stall | None:
         """The kernel was interrupted and every engine sent SIGINT: wait until every engine has either stopped or
@@ -193,16 +195,17 @@ class Watch:
             if (settled and len(states) == self.n) or time.time() >= deadline:
                 break
         cut = find_stall(states, self.n, 0.0, time.time() + 1e-6)
-        if cut is None or self.stall is not None:
-            return None
-        self.stall = Stall(cut.missing, cut.tensor, cut.waiting, cut.seconds, interrupted=True)
-        open(os.path.join(self.folder, STOP), "w").close()
+        with self._lock:           # (without it the watch thread's check() could overwrite the stall with None)
+            if cut is None or self.stall is not None:
+                return None
+            stall = self.stall = Stall(cut.missing, cut.tensor, cut.waiting, cut.seconds, interrupted=True)
+            open(os.path.join(self.folder, STOP), "w").close()
         # wait (a little) until the waiting ranks have left the cut collective: the interrupt pending in them then
         # ends that cell, not the next one
         deadline = time.time() + grace
         while time.time() < deadline and any(self.states().get(r, {}).get("busy") for r in cut.waiting):
             time.sleep(self.interval / 2)
-        return self.stall
+        return stall
 
     def explain(self) -> Stall | None:
         """After a collective failed: the stall found, or the one in the making when it failed (else None)."""
