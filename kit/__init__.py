@@ -1,10 +1,11 @@
 """kit: plumbing for the notebooks (clusters, the lab, communication, data, MNIST, plots, benchmarks).
 
 The algorithms being taught live in the notebooks; this package hides only what every notebook would otherwise
-repeat. Its floors, each importing only from the floors below it (docs/design.md draws them):
+repeat. Its floors, each importing only from the floors below it (as docs/design.md draws them and tests/test_kit.py FLOORS checks):
 
     kit.bench                                   one module per `python -m kit.bench NAME` target
-    kit.mnist  kit.data  kit.netlab             Horovod MNIST jobs; the input pipeline; the emulated-host lab
+    kit.mnist                                   Horovod MNIST jobs, the training script, the lab runs
+    kit.netlab  kit.data                        the emulated-host lab; the input pipeline
     kit.cluster  kit.plots                      engines as one job; every figure
     kit.comm                                    links, parameter server, ring, cost model
     kit.env  kit.sysinfo  kit.scratch  kit.datasets     the base
