@@ -1,7 +1,8 @@
 """kit: plumbing for the notebooks (clusters, the lab, communication, data, MNIST, plots, benchmarks).
 
 The algorithms being taught live in the notebooks; this package hides only what every notebook would otherwise
-repeat. Its floors, each importing only from the floors below it (as docs/design.md draws them and tests/test_kit.py FLOORS checks):
+repeat. Its floors, each importing only from the floors below it (as docs/design.md draws them and
+tests/test_kit.py FLOORS checks):
 
     kit.bench                                   one module per `python -m kit.bench NAME` target
     kit.mnist                                   Horovod MNIST jobs, the training script, the lab runs
