@@ -24,8 +24,9 @@ test: setup
 	$(PY) -m pytest -p no:cacheprovider --durations=25 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
 		$(PYTEST_ARGS) tests notebooks
 
-# For editing: no engines, no lab, no browser, no notebooks (the linter included). Minutes, not half an hour.
+# For editing and before every commit: the linter, then every test without engines, lab, browser or notebooks.
 test-fast: setup
+	$(PY) -m ruff check kit tests scripts
 	$(PY) -m pytest -p no:cacheprovider -q --durations=10 -m "not (engines or lab or browser or notebook or gpu)" \
 		$(PYTEST_ARGS) tests
 
