@@ -62,3 +62,20 @@ def test_pingpong_needs_two_engines():
         size = 1
     with pytest.raises(ValueError, match="at least 2 engines"):
         cm.measure_alpha_beta(One())
+
+
+@pytest.mark.parametrize("N", [1, 2, 3, 8, 64, 1024])
+@pytest.mark.parametrize("k", [1, 2, 7, 64, 4096])
+@pytest.mark.parametrize("K", [0, 4e3, 1e6, 1e8])
+def test_the_model_obeys_the_wires(N, k, K):
+    """No prediction beats a link carrying B each way: a PS worker pushes and pulls its K (2K/B), a server's link
+    carries N pushes and N pulls of K/k (2NK/(kB)), a ring rank sends 2(N-1)/N·K; latency terms come on top."""
+    alpha, B = 5e-5, 1.25e8
+    ps = float(cm.t_comm_ps(N, K, alpha, B, k))
+    assert ps >= 2 * K / B and ps >= 2 * N * K / (k * B) and ps >= 2 * N * alpha
+    assert ps == pytest.approx(2 * N * alpha + max(2 * K / B, 2 * N * K / (k * B)))
+    ring = float(cm.t_comm_ring(N, K, alpha, B))
+    assert ring >= cm.ring_bytes(N, K) / B and ring >= 2 * (N - 1) * alpha
+    if k == N and N > 1:          # sharded over N servers (BytePS): the ring's bytes x N/(N-1), no better
+        assert ps - 2 * N * alpha == pytest.approx((cm.t_comm_ring(N, K, 0, B)) * N / (N - 1))
+

@@ -66,6 +66,17 @@ def test_without_root_start_says_what_to_do():
     assert "needs root" in p.stdout and "--cap-add NET_ADMIN" in p.stdout, p.stdout + p.stderr
 
 
+def test_why_not_gives_the_reason_a_notebook_shows_instead_of_raising():
+    # what notebooks 02-04's lab cells call: None where a lab can start, else the LabError's sentence, never a raise
+    code = "import kit.netlab as n\nprint(repr(n.why_not()))"
+    prefix = ["setpriv", "--bounding-set", "-net_admin"] if is_root() else []
+    p = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True, env=CHILD_ENV,
+                       timeout=60)
+    assert p.returncode == 0 and "needs root" in p.stdout and "--cap-add NET_ADMIN" in p.stdout, p.stdout + p.stderr
+    if is_root():
+        assert netlab.why_not() is None       # CI: root with NET_ADMIN and every tool
+
+
 @needs_root
 @pytest.mark.timeout(30)
 def test_root_has_every_tool_the_lab_needs():
@@ -303,9 +314,32 @@ def launcher(kind, lab, *args):
     return [str(BIN / "mpiexec"), *lab.mpi_args(2, ["h1", "h2"]), sys.executable, SCRIPT, *TINY, *args]
 
 
-def finish(proc, timeout):
+def what_runs(lab) -> str:
+    """Every process on the lab's hosts with its state and kernel wait channel: what a hung job is waiting on."""
+    lines = []
+    for host in lab.hosts:
+        for pid in sorted(netlab.ns_pids(lab.ns(host))):
+            try:
+                argv = open(f"/proc/{pid}/cmdline", "rb").read().decode().replace("\0", " ")
+                status = open(f"/proc/{pid}/status").read()
+                state = next(ln.split(":", 1)[1].strip() for ln in status.splitlines() if ln.startswith("State"))
+                wchan = open(f"/proc/{pid}/wchan").read()
+            except (OSError, StopIteration):
+                continue
+            lines.append(f"{host} {pid} {state} {wchan or '-'} {argv[:150]}")
+    return "\n".join(lines)
+
+
+def finish(proc, timeout, lab=None):
+    """Wait for `proc`; past `timeout`, fail with what was still running on the lab (then kill it)."""
     try:
         out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        running = what_runs(lab) if lab else ""
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"the job had not ended {timeout} s later; still running:\n{running}\n"
+                             f"its output:\n{(out or '')[-3000:]}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -334,7 +368,7 @@ def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
             assert [ln.split(":")[1].strip().split("@")[0] for ln in links] == ["lo", "eth0"], links
         os.kill(on_h2[0], signal.SIGKILL)
         t_kill = time.time()
-        rc, out = finish(p, 300)
+        rc, out = finish(p, 300, lab)
         print(f"\n{kind}: first checkpoint after {t_kill - t0:.0f} s, job ended {time.time() - t_kill:.0f} s after "
               f"the kill")
         assert rc != 0, f"the job did not notice its killed rank:\n{out[-3000:]}"
@@ -346,7 +380,7 @@ def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
                                       "--json", str(tmp_path / "r.json")),
                        cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         t1 = time.time()
-        rc, out = finish(p, 700)
+        rc, out = finish(p, 700, lab)
         print(f"{kind}: resumed run {time.time() - t1:.0f} s")
         assert rc == 0, out[-3000:]
         assert f"resumed from epoch {last}" in out and "replicas identical: True" in out, out[-3000:]

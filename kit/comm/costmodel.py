@@ -2,7 +2,7 @@
 
     N workers, K bytes of gradient per worker, k servers, alpha (α) seconds per message, B bytes per second.
 
-    t_comm_ps(N, K, alpha, B, k)     parameter server: 2 N (α + K / (k B))
+    t_comm_ps(N, K, alpha, B, k)     parameter server: 2 N α + max(2 N K / k, 2 K) / B (busiest link)
     t_comm_ring(N, K, alpha, B)      ring-allreduce:   2 (N-1) α + 2 (N-1)/N K / B
     ab = measure_alpha_beta(cluster) # ping-pong between two engines (plus the host's rate with all busy)
     fit_alpha_beta(sizes, seconds)   # the one fit: t = hops α + share K / B
@@ -25,8 +25,12 @@ from kit.comm.link import Link
 # ----------------------------------------------------------------------------- the formulas
 def t_comm_ps(N, K, alpha, B, k: int = 1):
     """Predict one PS step's communication: each server takes N pushes in and sends N pulls out, every message
-    paying alpha and carrying K/k bytes: 2 N (alpha + K / (k B)) (each server on a link of its own)."""
-    return 2 * np.asarray(N) * (alpha + K / (k * B))
+    paying alpha; the bytes go at the pace of the busiest link. A server's link carries 2 N K / k (N pushes and N
+    pulls of K/k), a worker's own link 2 K (it pushes and pulls its whole K, whatever k): so
+    2 N alpha + max(2 N K / k, 2 K) / B. With k <= N that is 2 N (alpha + K / (k B)); more servers than workers
+    cannot beat the worker's link (k = N, sharded as BytePS does: 2 K / B, the ring's 2(N-1)/N K / B x N/(N-1))."""
+    N = np.asarray(N)
+    return 2 * N * alpha + np.maximum(2 * N * K / k, 2 * K) / B
 
 
 def t_comm_one_host(N, K, B, t_empty, B_max=None):

@@ -27,7 +27,8 @@ import tempfile
 
 from kit.netlab import rate as netlab_rate
 from kit.netlab import ssh as netlab_ssh
-from kit.netlab.system import LabError, _has_net_admin, parse_rate, run
+from kit.netlab.requirements import check_requirements
+from kit.netlab.system import LabError, parse_rate, run
 
 PREFIX = "kitlab"
 NAME_RE = re.compile(rf"^{PREFIX}(\d+)-")
@@ -36,18 +37,6 @@ LOCK = f"/run/{PREFIX}.lock"
 # Who owns each lab, in one place every process on the machine sees whatever its TMPDIR (a notebook kernel, a
 # shell and `make test` each have their own): /run/kitlab/kitlab<N>-owner.json = {pid, start, dir}.
 OWNERS = f"/run/{PREFIX}"
-
-
-def check_requirements():
-    """Raise LabError saying what to do when this machine cannot host a lab (no root, no ip/tc, no sshd)."""
-    if os.geteuid() != 0 or not _has_net_admin():
-        raise LabError("kit.netlab needs root (CAP_NET_ADMIN) to make network namespaces: run as root, or in "
-                       "Docker with `--cap-add NET_ADMIN --cap-add SYS_ADMIN`")
-    for tool, package in (("ip", "iproute2"), ("tc", "iproute2"), ("unshare", "util-linux"),
-                          ("ssh", "openssh-client"), ("ssh-keygen", "openssh-client")):
-        if not shutil.which(tool):
-            raise LabError(f"`{tool}` not found: install Debian's {package} (apt-get install -y {package})")
-    netlab_ssh.find_sshd()
 
 
 # ------------------------------------------------------------------------------------ names and sweeping
