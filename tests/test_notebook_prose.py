@@ -113,3 +113,12 @@ def test_main_path_is_a_lab_long(path):
     cells = json.loads(path.read_text())["cells"]
     assert len(cells) <= MAIN_PATH_CELLS, (f"{path.name} has {len(cells)} cells on its main path (at most "
                                            f"{MAIN_PATH_CELLS}): move depth into notebooks/appendix/")
+
+
+def test_the_ring_walkthrough_figure_is_saved_as_an_image():
+    """Notebook 03's step-by-step ring figure is in the committed output as a PNG (GitHub and nbviewer have no
+    widget state: a slider alone would show them nothing); the slider is drawn after it, for a live kernel."""
+    nb = json.loads((NOTEBOOKS / "03_ring_allreduce.ipynb").read_text())
+    (cell,) = [c for c in nb["cells"] if c["cell_type"] == "code" and "plot_ring_steps(" in "".join(c["source"])]
+    kinds = [k for o in cell["outputs"] for k in o.get("data", {})]
+    assert "image/png" in kinds, kinds

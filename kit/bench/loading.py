@@ -23,8 +23,9 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     fig, axes = figure(1, 2, figsize=(10, 4.0), sharex=True)
     plot_timelines({0: mons[0].runs[0], best["workers"]: mons[best["workers"]].runs[0]}, ax=axes[:, 0], seconds=1.0)
     fig.savefig(out_dir / "loading_timeline.png", dpi=110)
-    summary = (f"loading: busy {100 * res['at_0']['busy']:.0f}% at num_workers=0, best {100 * best['busy']:.0f}% at "
-               f"num_workers={best['workers']} ({res['speedup']:.1f}x samples/s); model max(t_load/W_eff, t_compute) "
+    summary = (f"loading: busy {100 * res['at_0']['busy']:.0f}% at num_workers=0, most samples/s at "
+               f"num_workers={best['workers']} ({res['speedup']:.1f}x, busy {100 * best['busy']:.0f}%); "
+               f"model max(t_load/W_eff, t_compute) "
                f"fitted to W=0 and 2, within {100 * res['held_out_error']:.0f}% of measured step time on the other "
                f"W ({', '.join(str(w) for w in workers if w not in res['fit_workers'])})")
     result = {"settings": {**pipeline.DEFAULT, "steps": steps, "rounds": rounds, "torch_threads": 1}, "fit": res["fit"],
