@@ -108,6 +108,25 @@ TIMELINE = """[
 {"ph": "E", "ts": 7200, "pid": 1},"""
 
 
+def test_a_start_that_stalls_ends_the_rank_with_a_message_and_a_bad_bound_is_refused():
+    """hvd.init() that never returns (Open MPI's first collective stalled, docs/cluster.md) ends the rank, with its
+    exit status and a message, after --init-timeout; one that returns in time is left alone."""
+    code = ("import sys, time, types; from kit.mnist import train\n"
+            "hang = types.SimpleNamespace(init=lambda: time.sleep(60))\n"
+            "quick = types.SimpleNamespace(init=lambda: time.sleep(0.1))\n"
+            "train.init_within(quick, 0.5); time.sleep(0.6); print('quick ok', flush=True)\n"
+            "train.init_within(hang, 0.5); print('not reached')\n")
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    from kit.mnist import train
+    assert p.returncode == train.INIT_STALLED, (p.returncode, p.stderr)
+    assert p.stdout == "quick ok\n" and time.time() - t0 < 30
+    assert "hvd.init() did not return within 0.5 s" in p.stderr and "--init-timeout" in p.stderr, p.stderr
+    with pytest.raises(SystemExit):
+        train.parse_args(["--init-timeout", "-1"])
+    assert train.parse_args(["--init-timeout", "0"]).init_timeout == 0
+
+
 def test_timeline_parser_reads_an_unfinished_file_and_plots(tmp_path):
     path = tmp_path / "timeline.json"
     path.write_text(TIMELINE)                           # Horovod leaves the JSON list open while running

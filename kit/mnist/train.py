@@ -40,15 +40,50 @@ def parse_args(argv=None):
                    help="elastic Horovod: run by horovodrun --min-np/--max-np/--host-discovery-script")
     p.add_argument("--commit-every", type=int, default=10, help="(elastic) commit the state every K batches")
     p.add_argument("--events", default=None, help="(elastic) rank 0 appends one JSON line per event here")
+    p.add_argument("--init-timeout", type=float, default=600,
+                   help="seconds hvd.init() may take before this rank ends the job with an error (0: wait forever)")
     args = p.parse_args(argv)
     for name, low in (("epochs", 1), ("batch_size", 1), ("train_samples", 1), ("threads", 1),
                       ("inter_op_threads", 1), ("commit_every", 1), ("synthetic_steps", 0)):
         value = getattr(args, name)
         if value is not None and value < low:       # checked here, before TensorFlow starts
             p.error(f"--{name.replace('_', '-')} must be at least {low} (got {value})")
-    if args.warmup_epochs is not None and args.warmup_epochs < 0:
-        p.error(f"--warmup-epochs must be 0 or more (got {args.warmup_epochs})")
+    for name in ("warmup_epochs", "init_timeout"):
+        value = getattr(args, name)
+        if value is not None and value < 0:
+            p.error(f"--{name.replace('_', '-')} must be 0 or more (got {value})")
     return args
+
+
+INIT_STALLED = 3        # the exit status of a rank whose hvd.init() outlived --init-timeout
+
+
+def init_within(hvd, timeout: float) -> None:
+    """hvd.init(), or end this process with INIT_STALLED and a message after `timeout` s (0: no bound).
+
+    Why: on a 2-core machine running 4 ranks, Open MPI's first collective (the MPI_Comm_dup in Horovod's
+    MPIContext::Initialize) has stalled for good in about 1 start in 3 under load; the ranks wait in
+    ompi_comm_nextcid while a TCP connection sits unaccepted (docs/cluster.md, "A start that stalls"). One
+    rank's exit makes mpiexec end the whole job: the launcher returns, with a message, instead of hanging."""
+    if not timeout:
+        hvd.init()
+        return
+    import sys
+    import threading
+
+    def stalled():
+        print(f"kit.mnist.train: hvd.init() did not return within {timeout:g} s (pid {os.getpid()}): the job's "
+              "start stalled; ending it. Start it again (with --checkpoint-dir it resumes), or raise "
+              "--init-timeout.", file=sys.stderr, flush=True)
+        os._exit(INIT_STALLED)
+
+    timer = threading.Timer(timeout, stalled)
+    timer.daemon = True
+    timer.start()
+    try:
+        hvd.init()        # Horovod's ctypes call releases the GIL: the timer can fire while it waits
+    finally:
+        timer.cancel()
 
 
 def private_temp_dir() -> str:
@@ -75,7 +110,7 @@ def main(argv=None):
     from horovod.tensorflow import allgather_object, broadcast_object
 
     # Horovod (1): start Horovod; every process learns its rank and the job's size.
-    hvd.init()
+    init_within(hvd, args.init_timeout)
     # Horovod (2): one GPU per process, chosen by local rank (on a CPU-only machine there is nothing to pin).
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:

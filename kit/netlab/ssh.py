@@ -150,4 +150,6 @@ def mpi_args(lab, slots: int = 1, hosts: list[str] | None = None) -> list[str]:
     carry = [a for k in launch_env(lab) if k != "HOME" for a in ("-x", k)]
     return ["-np", str(np_), "-H", hl, "--prefix", sys.prefix, "--mca", "plm_rsh_agent", f"{lab.dir}/bin/ssh",
             "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
-            "--mca", "mpi_yield_when_idle", "1", *carry]     # the lab's hosts share this machine's cores: no spinning
+            "--mca", "mpi_yield_when_idle", "1",       # the lab's hosts share this machine's cores: no spinning
+            "--prtemca", "prte_tmpdir_base", f"{lab.dir}/tmp",  # the daemons' session folders go with the lab
+            *carry]
