@@ -121,7 +121,7 @@ def test_a_start_that_stalls_ends_the_rank_with_a_message_and_a_bad_bound_is_ref
     from kit.mnist import train
     assert p.returncode == train.INIT_STALLED, (p.returncode, p.stderr)
     assert p.stdout == "quick ok\n" and time.time() - t0 < 30
-    assert "hvd.init() did not return within 0.5 s" in p.stderr and "--init-timeout" in p.stderr, p.stderr
+    assert f"{train.STALLED} 0.5 s" in p.stderr and "--init-timeout" in p.stderr, p.stderr
     with pytest.raises(SystemExit):
         train.parse_args(["--init-timeout", "-1"])
     assert train.parse_args(["--init-timeout", "0"]).init_timeout == 0
@@ -297,10 +297,10 @@ def test_notebook_04_measures_with_the_benchmarks_function():
 @pytest.mark.timeout(900)
 def test_bench_mnist_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     from kit import bench
-    summary = bench.run("mnist", tmp_path, quick=True)
+    summary = bench.run("mnist", tmp_path, tiny=True)   # the Gloo pair; the MPI launcher: test_script_under_mpirun
     doc = json.loads((tmp_path / "mnist.json").read_text())
     assert summary.startswith("mnist: digits test accuracy") and doc["summary"] == summary
-    assert set(doc["throughput"]) == {"pinned", "pinned_mpi"}          # quick: one pair per launcher
+    assert set(doc["throughput"]) == {"pinned"}          # tiny: one pair (quick adds the MPI pair)
     assert all(t["runs"][0]["thr_1"] > 0 and t["runs"][0]["thr_n"] > 0 for t in doc["throughput"].values())
     assert doc["replicas_identical"] is True
     assert (tmp_path / "mnist.png").stat().st_size > 0 and (tmp_path / "mnist_timeline.png").stat().st_size > 0

@@ -21,7 +21,7 @@ from kit import sysinfo
 # name -> "module:function"; each function takes (out_dir: Path, quick: bool[, tiny: bool]) and returns
 # (result dict, summary). The function calls the experiments its notebook calls, with the benchmark's settings.
 BENCHES = {name: f"kit.bench.{name}:bench" for name in
-           ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab")}
+           ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab", "ddp")}
 
 
 def machine() -> dict:
@@ -52,7 +52,7 @@ def main(argv=None):
     p.add_argument("name", choices=[*BENCHES, "all"])
     p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the docs)")
     p.add_argument("--tiny", action="store_true",
-                   help="smallest settings: a smoke run (ps, allreduce, network, mnist_lab)")
+                   help="smallest settings: a smoke run (ps, allreduce, network, mnist, mnist_lab)")
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
     a = p.parse_args(argv)
     names = list(BENCHES) if a.name == "all" else [a.name]

@@ -8,21 +8,29 @@ from kit.mnist import model, timeline
 from kit.plots import figure, plot_accuracy, plot_throughput, plot_timeline
 
 
-def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
-    """Measure 1- vs 2-worker throughput per thread setting, and 2-worker vs 1-process accuracy; plot both."""
+def bench(out_dir: Path, quick: bool, tiny: bool = False) -> tuple[dict, str]:
+    """Measure 1- vs 2-worker throughput per thread setting, and 2-worker vs 1-process accuracy; plot both.
+
+    quick: one pair per launcher (Gloo, MPI), a short training. tiny (the test suite's smoke run): the Gloo pair
+    only, and the timeline recorded during the 2-worker training instead of a run of its own (5 launches, not 8)."""
+    quick = quick or tiny
     repeats, steps = (1, 10) if quick else (5, 60)
     names = ["pinned"] if quick else list(model.SETTINGS)      # quick: a smoke run of every step, one pair each
     throughput = {name: model.paired_throughput(model.SETTINGS[name], repeats, steps) for name in names}
-    throughput["pinned_mpi"] = model.paired_throughput(model.SETTINGS["pinned"], repeats if quick else 3, steps,
-                                                       launcher="mpi")
+    if not tiny:
+        throughput["pinned_mpi"] = model.paired_throughput(model.SETTINGS["pinned"], repeats if quick else 3, steps,
+                                                           launcher="mpi")
     if not quick:      # what MPI_ENV's yield-when-idle buys: the same pairs with Open MPI's default busy-polling
         throughput["pinned_mpi_busy_poll"] = model.paired_throughput(model.SETTINGS["pinned"], 3, steps, launcher="mpi",
                                                                env={"OMPI_MCA_mpi_yield_when_idle": "0"})
-    timeline_file = Path(out_dir) / "mnist_timeline.json"
-    model.run_script(2, ["--synthetic-steps", "10" if quick else "20", *model.SETTINGS["pinned"]],
-               env={"HOROVOD_TIMELINE": str(timeline_file)})
+    timeline_file, timeline_env = Path(out_dir) / "mnist_timeline.json", {}
+    if tiny:
+        timeline_env = {"HOROVOD_TIMELINE": str(timeline_file)}
+    else:
+        model.run_script(2, ["--synthetic-steps", "10" if quick else "20", *model.SETTINGS["pinned"]],
+                         env={"HOROVOD_TIMELINE": str(timeline_file)})
     data = ["--dataset", "digits", "--epochs", "1", "--train-samples", "512"] if quick else ["--dataset", "auto"]
-    dist = model.run_script(2, [*data, *model.SETTINGS["pinned"]])
+    dist = model.run_script(2, [*data, *model.SETTINGS["pinned"]], env=timeline_env)
     single = model.run_script(1, [*data, "--epochs", str(dist["epochs"]), "--threads", "2"])
     result = {"dataset": dist["dataset"], "epochs": dist["epochs"], "throughput": throughput,
               "accuracy": {"2_workers": dist["test_accuracy"], "1_process": single["test_accuracy"]},
@@ -38,7 +46,7 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
                f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
                f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "
                + (f"TF defaults: {d['speedup']:.2f}x; " if d else "")
-               + f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x"
+               + (f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x" if "pinned_mpi" in throughput else "no MPI pair")
                + (f", busy-polling: {throughput['pinned_mpi_busy_poll']['speedup']:.2f}x" if not quick else "") + ")")
     return result, summary
 

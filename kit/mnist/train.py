@@ -56,6 +56,7 @@ def parse_args(argv=None):
 
 
 INIT_STALLED = 3        # the exit status of a rank whose hvd.init() outlived --init-timeout
+STALLED = "hvd.init() did not return within"       # how its message starts (launchers and tests look for it)
 
 
 def init_within(hvd, timeout: float) -> None:
@@ -72,7 +73,7 @@ def init_within(hvd, timeout: float) -> None:
     import threading
 
     def stalled():
-        print(f"kit.mnist.train: hvd.init() did not return within {timeout:g} s (pid {os.getpid()}): the job's "
+        print(f"kit.mnist.train: {STALLED} {timeout:g} s (pid {os.getpid()}): the job's "
               "start stalled; ending it. Start it again (with --checkpoint-dir it resumes), or raise "
               "--init-timeout.", file=sys.stderr, flush=True)
         os._exit(INIT_STALLED)
