@@ -119,7 +119,7 @@ def test_make_test_gpu_refuses_without_a_gpu():
 
 # --- the README and docs/: what they say is what the code and results/*.json hold ------------------------------
 DOCS = REPO / "docs"
-BENCHMARKS = ("loading", "ps", "allreduce", "network", "mnist", "mnist_lab", "elastic", "gpu")
+BENCHMARKS = ("loading", "ps", "allreduce", "network", "mnist", "mnist_lab", "elastic", "gpu", "ddp")
 README_MAX_LINES = 260
 
 
@@ -199,6 +199,11 @@ def _mnist_on_lab_hosts(x: dict) -> list[str]:
     return [table(x), f"K = {x['gradient_bytes']:,} bytes"]
 
 
+def _ddp(x: dict) -> list[str]:
+    from kit.bench.ddp import memory_table, table
+    return [table(x), memory_table(x)]
+
+
 def _elastic(x: dict) -> list[str]:
     from kit.mnist import elastic
     rows = []
@@ -231,7 +236,8 @@ def _gpu(x: dict) -> list[str]:
 
 
 RENDER = {"loading": _loading, "ps": _ps, "allreduce": _allreduce, "network": _network, "mnist": _mnist,
-          "mnist_lab": _mnist_on_lab_hosts, "elastic": _elastic, "gpu": _gpu}
+          "mnist_lab": _mnist_on_lab_hosts, "elastic": _elastic, "gpu": _gpu,
+          "ddp": _ddp}
 
 
 def test_every_benchmark_has_a_renderer_and_the_bench_knows_each():

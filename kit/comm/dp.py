@@ -1,0 +1,260 @@
+"""Data parallelism by hand (notebook 05): gradient allreduce in hooks, naive, overlapped and bucketed; a ZeRO-style
+sharded step; the bytes each scheme hands to its collectives, counted, and what the ring cost model says they cost.
+
+    handles = naive_allreduce_hooks(model)          # each gradient summed (and averaged) the moment it is ready
+    sync = Overlap(model);  ...backward()...;  sync.finish();  opt.step()      # async, wait before the step
+    sync = Buckets(model, bucket_bytes=1 << 20)     # the same, one flat allreduce per bucket (as DDP does)
+    opt = ZeroSGD(model.parameters(), lr, momentum) # reduce-scatter, update the own shard, all-gather (ZeRO-2)
+    with counting() as calls: ...                   # every collective call and the bytes it was handed
+
+Each class is a few dozen lines on torch.distributed (any backend; the notebook uses Gloo on the CPU). DDP's design
+is Li et al., "PyTorch Distributed" (VLDB 2020); ZeRO is Rajbhandari et al. (SC 2020). The hooks assume one backward
+pass per optimizer step (no gradient accumulation) and the same model, in the same order, on every rank.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+
+from kit.comm.costmodel import ring_bytes, t_comm_ring
+
+
+# ----------------------------------------------------------------------------- naive: one allreduce per gradient
+def naive_allreduce_hooks(model) -> list:
+    """Sum every gradient over the ranks as soon as backward has produced it, then divide by N; return the hook
+    handles (`h.remove()` undoes it). Synchronous: backward waits for each allreduce before going on."""
+    import torch.distributed as dist
+    world = dist.get_world_size()
+
+    def hook(p):
+        dist.all_reduce(p.grad)             # DP: add the other ranks' gradient of this parameter, now
+        p.grad /= world                     # DP: the mean over N ranks = the gradient of the N× batch's mean loss
+    return [p.register_post_accumulate_grad_hook(hook) for p in model.parameters() if p.requires_grad]
+
+
+# ----------------------------------------------------------------------------- overlap: launch now, wait later
+class Overlap:
+    """Launch each gradient's allreduce asynchronously from its hook, so it travels while backward computes the
+    gradients of earlier layers; `finish()` waits for all of them (and averages) and MUST run before opt.step():
+    until then a gradient may be half summed."""
+
+    def __init__(self, model):
+        import torch.distributed as dist
+        self.world, self.pending = dist.get_world_size(), []
+        self.handles = [p.register_post_accumulate_grad_hook(self._launch)
+                        for p in model.parameters() if p.requires_grad]
+
+    def _launch(self, p):
+        import torch.distributed as dist
+        self.pending.append((p, dist.all_reduce(p.grad, async_op=True)))   # DP: returns at once, a Work
+
+    def finish(self):
+        """Wait for every allreduce launched since the last call, then divide the sums by N."""
+        for p, work in self.pending:
+            work.wait()
+            p.grad /= self.world
+        self.pending.clear()
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+# ----------------------------------------------------------------------------- buckets: fewer, larger messages
+def assign_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Group parameter indices, last registered first (backward's order), into buckets of at most bucket_bytes
+    each; a parameter larger than bucket_bytes gets a bucket of its own. Pure Python: [[i, ...], ...]."""
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(nbytes))):
+        if current and size + nbytes[i] > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes[i]
+    return buckets + ([current] if current else [])
+
+
+class Buckets:
+    """Like Overlap, but gradients are grouped into buckets (`assign_buckets`); when every gradient of a bucket is
+    ready, they are copied into one flat buffer and summed by ONE async allreduce: fewer messages, so less of the
+    per-message latency α. Buckets are launched in order (every rank must call its collectives in one order)."""
+
+    def __init__(self, model, bucket_bytes: int = 25 * 2**20):
+        import torch.distributed as dist
+        self.world = dist.get_world_size()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets = assign_buckets([p.numel() * p.element_size() for p in self.params], bucket_bytes)
+        self.bucket_of = {id(self.params[i]): b for b, ids in enumerate(self.buckets) for i in ids}
+        self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
+        self._reset()
+
+    def _reset(self):
+        self.missing = [len(ids) for ids in self.buckets]   # gradients each bucket still waits for
+        self.next, self.pending = 0, []                      # the next bucket to launch; (bucket, flat, work)
+
+    def _ready(self, p):
+        self.missing[self.bucket_of[id(p)]] -= 1
+        while self.next < len(self.buckets) and self.missing[self.next] == 0:
+            self._launch(self.next)
+
+    def _launch(self, b):
+        import torch
+        import torch.distributed as dist
+        grads = [self._grad(self.params[i]) for i in self.buckets[b]]
+        flat = torch.cat([g.reshape(-1) for g in grads])              # one message for the whole bucket
+        work = dist.all_reduce(flat, async_op=True) if flat.numel() else None   # DP: launched, not waited for
+        self.pending.append((b, flat, work))
+        self.next += 1
+
+    @staticmethod
+    def _grad(p):
+        if p.grad is None:                        # a parameter backward did not reach: a zero gradient
+            import torch
+            p.grad = torch.zeros_like(p)
+        return p.grad
+
+    def finish(self):
+        """Launch any bucket still waiting (unused parameters), wait for all, copy the means back into .grad."""
+        while self.next < len(self.buckets):
+            self._launch(self.next)
+        for b, flat, work in self.pending:
+            if work is not None:
+                work.wait()
+            flat /= self.world
+            grads = [self.params[i].grad for i in self.buckets[b]]
+            for g, piece in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(piece.view_as(g))
+        self._reset()
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+# ----------------------------------------------------------------------------- ZeRO: shard the optimizer's work
+def _reduce_scatter(out, flat):
+    """Sum `flat` over the ranks and keep this rank's slice in `out`. torch.distributed's own reduce-scatter: Gloo
+    has it in the installed torch 2.13 (checked 2026-12-01 on 2 and 3 ranks), where it is named
+    reduce_scatter_single (the old name, reduce_scatter_tensor, still works but warns); no ring of our own needed."""
+    import torch.distributed as dist
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, flat)
+
+
+def _all_gather(out, mine):
+    """Concatenate every rank's `mine` into `out` (all_gather_single, formerly all_gather_into_tensor)."""
+    import torch.distributed as dist
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, mine)
+
+
+class ZeroSGD:
+    """SGD with momentum, ZeRO-2 style: the flat gradient (padded to a multiple of N) is reduce-scattered, so each
+    rank receives only the summed shard it owns; it keeps momentum for that shard alone, updates that shard of the
+    parameters, and the shards are all-gathered into every rank's full copy. Per rank: full parameters, 1/N of the
+    gradient (the full .grad is freed after the step) and 1/N of the optimizer state."""
+
+    def __init__(self, params, lr: float, momentum: float = 0.0):
+        import torch
+        import torch.distributed as dist
+        self.params = [p for p in params if p.requires_grad]
+        self.lr, self.mu = lr, momentum
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.numel = sum(p.numel() for p in self.params)
+        self.shard = math.ceil(self.numel / self.world)                  # elements this rank owns
+        self.lo = self.rank * self.shard                                 # ... starting here in the flat vector
+        self.momentum = torch.zeros(self.shard, dtype=self.params[0].dtype)
+        self.grad_shard = torch.zeros_like(self.momentum)
+        self.state = {"shard": {"momentum_buffer": self.momentum}}       # what torch's optimizers call state
+
+    def _flat(self, tensors):
+        import torch
+        flat = torch.zeros(self.shard * self.world, dtype=self.momentum.dtype)   # padded: N equal shards
+        torch.cat([t.reshape(-1) for t in tensors], out=flat[:self.numel])
+        return flat
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        import torch
+        grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+        _reduce_scatter(self.grad_shard, grads)                          # ZeRO: only my shard of the sum
+        self.grad_shard /= self.world
+        mine = self._flat([p.detach() for p in self.params])[self.lo:self.lo + self.shard].clone()
+        self.momentum.mul_(self.mu).add_(self.grad_shard)                # torch.optim.SGD's momentum rule
+        mine.add_(self.momentum, alpha=-self.lr)                         # update my shard only
+        full = torch.empty(self.shard * self.world, dtype=mine.dtype)
+        _all_gather(full, mine)                                          # ZeRO: every rank gets every shard
+        with torch.no_grad():
+            for p, piece in zip(self.params, full[:self.numel].split([p.numel() for p in self.params])):
+                p.copy_(piece.view_as(p))
+        self.zero_grad()                                                 # the full gradient is not kept
+
+
+# ----------------------------------------------------------------------------- what each rank holds and sends
+def nbytes(tensors) -> int:
+    """Bytes of the tensors this rank holds (a sharded DTensor counts its local shard only; None counts 0)."""
+    total = 0
+    for t in tensors:
+        if t is not None:
+            local = t.to_local() if hasattr(t, "to_local") else t
+            total += local.numel() * local.element_size()
+    return total
+
+
+def held_bytes(model, optimizer) -> dict:
+    """Return the bytes this rank holds of parameters, gradients (.grad, or a ZeroSGD's shard) and optimizer
+    state (every tensor in optimizer.state), measured from the tensors themselves."""
+    import torch
+    params = list(model.parameters())
+    state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
+    return {"params": nbytes(params), "grads": nbytes([p.grad for p in params]) +
+            nbytes([getattr(optimizer, "grad_shard", None)]), "optimizer": nbytes(state)}
+
+
+COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single", "all_gather_into_tensor",
+               "all_gather_single")
+
+
+@contextlib.contextmanager
+def counting():
+    """Record every collective called through `torch.distributed.<name>` while inside: a list of
+    (name, bytes of the full tensor: the allreduced one, the reduce-scatter's input, the all-gather's output).
+    It wraps the module's functions for the duration (calls made inside torch's C++, like DDP's own default
+    allreduce, are not seen: give DDP a Python comm hook to count it)."""
+    import torch.distributed as dist
+    calls, saved = [], {n: getattr(dist, n) for n in COLLECTIVES if hasattr(dist, n)}
+
+    def wrap(name, fn):
+        which = 1 if name.startswith("reduce_scatter") else 0         # (output, input): the input is the full one
+        signature = inspect.signature(fn)
+
+        def counted(*args, **kwargs):
+            full = list(signature.bind(*args, **kwargs).arguments.values())[which]
+            calls.append((name, full.numel() * full.element_size()))
+            return fn(*args, **kwargs)
+        return counted
+    try:
+        for name, fn in saved.items():
+            setattr(dist, name, wrap(name, fn))
+        yield calls
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+
+
+def wire_bytes(name: str, full_bytes: int, N: int) -> float:
+    """Bytes one rank sends for one collective on a ring of N: an allreduce of K, 2(N-1)/N·K; a reduce-scatter or
+    an all-gather of K (the full tensor), (N-1)/N·K: each is one half of the allreduce."""
+    return ring_bytes(N, full_bytes) / (1 if name == "all_reduce" else 2)
+
+
+def sent_per_step(calls, N: int) -> float:
+    """Bytes one rank sends in a step whose collectives `counting()` recorded, by the ring cost model."""
+    return sum(wire_bytes(name, b, N) for name, b in calls)
+
+
+def t_comm_buckets(N: int, bucket_bytes: list[int], alpha: float, B: float) -> float:
+    """The α–β time of one allreduce per bucket, one after the other: Σ 2(N-1)α + 2(N-1)/N·K_b/B."""
+    return float(sum(t_comm_ring(N, k, alpha, B) for k in bucket_bytes))

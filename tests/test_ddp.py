@@ -1,0 +1,206 @@
+"""kit.comm.dp and kit.bench.ddp: the learner's data parallelism (naive, overlapped, bucketed hooks; the ZeRO step)
+equals one process training on the N× batch, as do DDP (with and without the fp16 hook) and FSDP2; buckets are right
+on awkward shapes; the bytes and the benchmark's JSON."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+import kit
+from conftest import descendants, importable
+from kit.bench import ddp as ddpx
+from kit.comm import costmodel, dp
+
+TINY = dict(ddpx.CFG, sizes=(16, 24, 24, 5), batch=8, warmup=2, reps=2)
+
+
+# ----------------------------------------------------------------------------------- pure Python
+def test_buckets_go_backwards_and_never_exceed_the_cap():
+    assert dp.assign_buckets([4, 4, 4, 4], 8) == [[3, 2], [1, 0]]
+    assert dp.assign_buckets([4, 100, 4], 8) == [[2], [1], [0]]            # too big for any bucket: its own
+    assert dp.assign_buckets([4, 4, 4], 1 << 20) == [[2, 1, 0]]           # one bucket
+    assert dp.assign_buckets([0, 4, 0], 4) == [[2, 1, 0]]                 # empty tensors ride along
+    assert dp.assign_buckets([], 8) == []
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        sizes = [int(s) for s in rng.integers(0, 50, size=rng.integers(1, 12))]
+        cap = int(rng.integers(1, 80))
+        buckets = dp.assign_buckets(sizes, cap)
+        assert [i for b in buckets for i in b] == list(range(len(sizes)))[::-1]     # every index once, in reverse
+        assert all(sum(sizes[i] for i in b) <= cap or len(b) == 1 for b in buckets)
+        # greedy: a bucket is closed only when the next parameter would not fit
+        assert all(sum(sizes[i] for i in b) + sizes[nxt[0]] > cap for b, nxt in zip(buckets, buckets[1:]))
+
+
+def test_bytes_per_step_follow_the_ring_model():
+    N, K = 4, 1000
+    assert dp.wire_bytes("all_reduce", K, N) == costmodel.ring_bytes(N, K) == 1500
+    assert dp.wire_bytes("reduce_scatter_single", K, N) == dp.wire_bytes("all_gather_single", K, N) == 750
+    assert dp.sent_per_step([("reduce_scatter_single", K), ("all_gather_single", K)], N) == 1500   # ZeRO = ring
+    t = dp.t_comm_buckets(N, [K, 2 * K], 1e-4, 1e9)
+    assert t == pytest.approx(costmodel.t_comm_ring(N, K, 1e-4, 1e9) + costmodel.t_comm_ring(N, 2 * K, 1e-4, 1e9))
+    assert dp.t_comm_buckets(N, [3 * K], 1e-4, 1e9) < t                     # one message fewer: one α·2(N-1) less
+
+
+def test_schemes_and_labels():
+    names = ddpx.schemes((1024,), 2048)
+    assert names == ["local", "naive", "overlap", "buckets:1024", "ddp:2048", "ddp_fp16:2048", "zero", "fsdp"]
+    assert ddpx.label("buckets:1024") == "buckets 1 KB"
+
+
+# ----------------------------------------------------------------------------------- on engines
+@pytest.mark.timeout(240)
+def test_tiny_benchmark_writes_json_with_its_summary(tmp_path, no_leaks):
+    """First of the engine tests: its own 3 engines start before the shared ones (2 cores)."""
+    kit.bench.main(["ddp", "--tiny", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "ddp.json").read_text())
+    assert doc["benchmark"] == "ddp" and doc["tiny"] and doc["summary"].startswith("ddp: N=3 gloo engines")
+    assert "every scheme equals one-process SGD on the 3x batch: True" in doc["summary"]
+    assert len(doc["rows"]) == len(ddpx.schemes(ddpx.SETTINGS["tiny"]["buckets"]))
+    assert ddpx.table(doc).count("\n") == len(doc["rows"]) + 1
+
+
+@pytest.fixture(scope="module")
+def cluster3():
+    """One gloo job of 3 engines shared by the engine tests; nothing left running afterwards."""
+    before = descendants()
+    c = kit.cluster.start(n=3, backend="gloo", timeout=60, quiet=True)
+    try:
+        c.init_process_group()
+        importable(c)
+        yield c
+    finally:
+        c.stop()
+        deadline = time.time() + 10
+        while (descendants() - before) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not (descendants() - before), "cluster processes left running"
+
+
+@pytest.mark.timeout(180)
+def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
+    names = ddpx.schemes((64, 1 << 20), 256)
+    per_rank = cluster3.view.apply_sync(ddpx.run_schemes, names, TINY)
+    for rank, rows in enumerate(per_rank):
+        for r in rows:
+            tol = ddpx.TOL.get(r["scheme"].partition(":")[0], ddpx.TOL_FLOAT32)
+            if r["scheme"] != "local":
+                assert r["err"] <= tol, (rank, r["scheme"], r["err"])
+            assert len(r["seconds"]) == TINY["reps"]
+    rows = {r["scheme"]: r for r in per_rank[0]}
+    assert rows["local"]["err"] > 1e-3                # without communication the ranks really do differ
+    K = sum(n * m + m for n, m in zip(TINY["sizes"], TINY["sizes"][1:])) * 4
+    assert [c for c, _ in rows["naive"]["calls"]] == ["all_reduce"] * 6
+    assert rows["buckets:1048576"]["calls"] == [("all_reduce", K)]        # one bucket, one message
+    assert rows["ddp_fp16:256"]["calls"] and sum(b for _, b in rows["ddp_fp16:256"]["calls"]) * 2 == K
+    zero = rows["zero"]
+    assert [c for c, _ in zero["calls"]] == ["reduce_scatter_single", "all_gather_single"]
+    padded = -(-K // 4 // 3) * 3 * 4
+    assert zero["calls"][0][1] == padded and zero["held"]["grads"] == zero["held"]["optimizer"] == padded // 3
+    fsdp = rows["fsdp"]["held"]
+    assert all(abs(fsdp[k] - K / 3) < 200 for k in fsdp), fsdp       # 1/N each, up to FSDP2's row padding
+
+
+def _engine_buckets_odd_shapes(bucket_bytes):
+    """Parameters of awkward shapes (one empty, one unused): every bucket size gives the mean gradient."""
+    import torch
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shapes = [(7,), (3, 5), (1,), (0,), (1000,), (2,)]
+    params = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(s)) for s in shapes])
+    coef = [torch.from_numpy(np.random.default_rng([r, i]).standard_normal(s).astype("float32"))
+            for r in range(world) for i, s in enumerate(shapes)]
+    mine = coef[rank * len(shapes):(rank + 1) * len(shapes)]
+    sync = dp.Buckets(params, bucket_bytes)
+    out = []
+    for step in range(2):                            # twice: the buckets reset after finish()
+        for p in params:
+            p.grad = None
+        sum((p * c).sum() for i, (p, c) in enumerate(zip(params, mine)) if i != 5).backward()   # param 5 unused
+        sync.finish()
+        out.append([p.grad.numpy().copy() for p in params])
+    sync.remove()
+    want = [np.mean([coef[r * len(shapes) + i].numpy() for r in range(world)], axis=0) for i in range(len(shapes))]
+    want[5] = np.zeros(2, dtype="float32")
+    return {"ok": all(np.allclose(g, w, atol=1e-6) for grads in out for g, w in zip(grads, want)),
+            "buckets": len(sync.buckets)}
+
+
+@pytest.mark.timeout(120)
+def test_buckets_are_right_on_odd_shapes_and_unused_parameters(cluster3):
+    importable(cluster3)
+    counts = []
+    for bucket_bytes in (1, 16, 30, 100, 4000, 1 << 20):
+        outs = cluster3.view.apply_sync(_engine_buckets_odd_shapes, bucket_bytes)
+        assert all(o["ok"] for o in outs), bucket_bytes
+        counts.append(outs[0]["buckets"])
+    assert counts[0] == 6 and counts[-1] == 1 and counts == sorted(counts, reverse=True)
+
+
+def _engine_zero_state():
+    """Train with ZeroSGD; return this rank's momentum shard, the reference's full momentum and the weight error."""
+    import torch
+    import torch.distributed as dist
+    from kit.bench import ddp as ddpx
+    cfg = dict(ddpx.CFG, sizes=(16, 24, 24, 5), batch=8)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = ddpx.make_model(cfg)
+    opt = dp.ZeroSGD(model.parameters(), cfg["lr"], cfg["momentum"])
+    ref = ddpx.make_model(cfg)
+    ref_opt = ddpx.sgd(ref.parameters(), cfg)
+    for step in range(3):
+        ddpx.train_step(model, opt, lambda: None, *ddpx.batch(cfg, step, rank, world))
+        ddpx.train_step(ref, ref_opt, lambda: None, *ddpx.batch(cfg, step, None, world))
+    full = torch.cat([ref_opt.state[p]["momentum_buffer"].reshape(-1) for p in ref.parameters()])
+    return {"shard": opt.momentum.numpy(), "lo": opt.lo, "full": full.numpy(), "err": ddpx.max_diff(model, ref),
+            "grads_left": [p.grad for p in model.parameters()]}
+
+
+@pytest.mark.timeout(120)
+def test_zero_shards_concatenate_to_the_full_optimizer_state(cluster3):
+    outs = cluster3.view.apply_sync(_engine_zero_state)
+    full = outs[0]["full"]
+    together = np.concatenate([o["shard"] for o in sorted(outs, key=lambda o: o["lo"])])
+    assert together.size >= full.size and together.size - full.size < 3          # padded to a multiple of N
+    np.testing.assert_allclose(together[:full.size], full, atol=1e-6)
+    assert not together[full.size:].any()                                          # the padding stays zero
+    assert all(o["err"] < 1e-5 for o in outs)
+    assert all(g is None for o in outs for g in o["grads_left"])                   # the full gradient is freed
+
+
+def _engine_ddp_vs_buckets():
+    """The learner's buckets and torch's DDP, same model, same data: the same weights after 3 steps."""
+    from kit.bench import ddp as ddpx
+    import torch.distributed as dist
+    cfg = dict(ddpx.CFG, sizes=(16, 24, 24, 5), batch=8)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    models = []
+    for scheme in ("buckets:256", "ddp:256"):
+        model, opt, finish = ddpx.setup(scheme, ddpx.make_model(cfg), cfg)
+        for step in range(3):
+            ddpx.train_step(model, opt, finish, *ddpx.batch(cfg, step, rank, world))
+        models.append(model.module if hasattr(model, "module") else model)
+    return ddpx.max_diff(*models)
+
+
+@pytest.mark.timeout(120)
+def test_ddp_and_the_learners_buckets_agree(cluster3):
+    assert all(d < 1e-6 for d in cluster3.view.apply_sync(_engine_ddp_vs_buckets))
+
+
+def _engine_counting():
+    import torch
+    import torch.distributed as dist
+    with dp.counting() as calls:
+        dist.all_reduce(torch.ones(10))
+        dist.all_reduce(tensor=torch.ones(3, dtype=torch.float64))
+    before = dist.all_reduce
+    return calls, before is dist.all_reduce
+
+
+@pytest.mark.timeout(60)
+def test_counting_records_each_call_and_restores_torch(cluster3):
+    importable(cluster3)
+    for calls, restored in cluster3.view.apply_sync(_engine_counting):
+        assert calls == [("all_reduce", 40), ("all_reduce", 24)] and restored
