@@ -158,6 +158,8 @@ class Lab:
         self.bridge = self._n["bridge"]
         self.ssh_config = os.path.join(dir_, "ssh_config")
         self._sshd: dict[str, subprocess.Popen] = {}
+        self._keep: set[int] = set()       # pids kill_jobs() spares besides sshd (kit.netlab.slurm's daemons)
+        self._on_stop: list = []           # called first by stop() (kit.netlab.slurm's stop)
         self._stopped = False
 
     def __repr__(self):
@@ -219,6 +221,11 @@ class Lab:
         if self._stopped:
             return
         self._stopped = True
+        for hook in list(self._on_stop):
+            try:
+                hook()
+            except Exception:                      # what it left runs in the lab's namespaces: removed below
+                pass
         self.kill_jobs()                           # sessions and what they started first, so sshd reaps them
         for p in self._sshd.values():
             p.terminate()
@@ -238,10 +245,10 @@ class Lab:
                 pass
 
     def kill_jobs(self):
-        """Kill everything running on the lab's hosts except their SSH servers (a job that went wrong)."""
-        sshd = {p.pid for p in self._sshd.values()}
+        """Kill everything running on the lab's hosts but their SSH servers and Slurm's daemons (a job gone wrong)."""
+        keep = {p.pid for p in self._sshd.values()} | self._keep
         for ns in self._n["ns"]:
-            _kill_all(ns_pids(ns) - sshd)
+            _kill_all(ns_pids(ns) - keep)
 
     # ------------------------------------------------------------------------------------------- operations
     def set_rate(self, rate: str):

@@ -1,0 +1,222 @@
+"""kit.netlab.slurm: a real Slurm cluster on 3 lab hosts. Nodes idle, srun on every host, a batch job queued, run
+and gone with its output on the shared file system, impossible requests refused with Slurm's reason, mpiexec under
+salloc across the hosts, a killed slurmd marking its node down, nothing left after stop or after a SIGKILLed owner.
+
+These need root (network namespaces) and Debian's slurmctld, slurmd, slurm-client and munge (`make setup` as root
+installs them). CI runs as root, so there they always run; without root they are skipped with the reason.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kit import netlab
+from kit.netlab import slurm
+
+REPO = Path(__file__).resolve().parent.parent
+needs_root = pytest.mark.requires_root
+CHILD_ENV = dict(os.environ, PYTHONPATH=str(REPO))
+DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")
+
+
+def slurm_processes() -> list[str]:
+    """Return every live (not zombie) Slurm or MUNGE process on this machine that was not there before this module
+    (a machine's own munged, say), as 'pid: command line'."""
+    out = []
+    for pid in (p for p in os.listdir("/proc") if p.isdigit() and p not in BEFORE):
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        name = os.path.basename(argv[0].split(":")[0])           # also 'slurmstepd: [1.0]', 'slurmctld: slurmscriptd'
+        if state != "Z" and name in DAEMONS:
+            out.append(f"{pid}: {' '.join(argv)}")
+    return out
+
+
+BEFORE: set[str] = set()
+BEFORE.update(p.split(":")[0] for p in slurm_processes())
+
+
+def assert_clean():
+    """Nothing of any lab (namespaces, links, dirs, owner records) and no Slurm process left (10 s grace)."""
+    deadline = time.time() + 10
+    while (left := (sorted(netlab.lab._kit_resources().items()), slurm_processes())) != ([], []) \
+            and time.time() < deadline:
+        time.sleep(0.2)
+    assert left == ([], []), f"left behind: {left}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One 3-host lab with Slurm for the whole module; the last test stops it and checks what is left."""
+    with netlab.start(hosts=3) as lab:
+        t0 = time.time()
+        with slurm.start(lab) as sl:
+            print(f"\nSlurm: every node idle {time.time() - t0:.1f} s after start")
+            yield lab, sl
+
+
+def no_jobs_within(sl, seconds: float) -> bool:
+    """Wait until squeue shows no job; return whether that happened within `seconds`."""
+    deadline = time.time() + seconds
+    while sl.jobs() and time.time() < deadline:
+        time.sleep(0.2)
+    return not sl.jobs()
+
+
+def lines(p: subprocess.CompletedProcess) -> list[str]:
+    assert p.returncode == 0, f"exit {p.returncode}: {p.stderr}"
+    return sorted(p.stdout.splitlines())
+
+
+# --------------------------------------------------------------------------------------------- the cluster
+@needs_root
+@pytest.mark.timeout(120)
+def test_every_host_is_an_idle_node_and_nothing_is_outside_the_lab(cluster):
+    lab, sl = cluster
+    assert sl.nodes() == {"h1": "idle", "h2": "idle", "h3": "idle"}
+    conf = Path(sl.conf).read_text()
+    assert f"SlurmctldHost=h1({lab.addr_of('h1')})" in conf and "PartitionName=lab Nodes=ALL Default=YES" in conf
+    assert sl.env["SLURM_CONF"] == sl.conf and sl.conf.startswith(lab.dir)
+    assert os.stat(os.path.join(sl.dir, "munge.key")).st_mode & 0o777 == 0o400
+    in_lab = set().union(*(netlab.ns_pids(lab.ns(h)) for h in lab.hosts))
+    pids = [int(line.split(":")[0]) for line in slurm_processes() if sl.dir in line]
+    assert len(pids) >= 5 and set(pids) <= in_lab, "a Slurm daemon runs outside the lab's hosts"
+    root = subprocess.run(["ss", "-Hltnpu"], capture_output=True, text=True, check=True).stdout
+    assert not [r for r in root.splitlines() if any(f"pid={p}," in r for p in pids)], root
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_srun_runs_one_task_on_each_host(cluster):
+    lab, sl = cluster
+    lab.kill_jobs()                           # what kit.mnist.lab does after a job: spares Slurm, as it spares sshd
+    t0 = time.time()
+    p = sl.run(["srun", "-N3", "-n3", "sh", "-c", "echo $(hostname) $SLURM_PROCID"])
+    print(f"\nsrun -N3 -n3 round trip: {time.time() - t0:.2f} s")
+    assert lines(p) == ["h1 0", "h2 1", "h3 2"]
+    assert lines(sl.run(["srun", "-N3", "-n3", "hostname"])) == ["h1", "h2", "h3"]
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_a_batch_job_is_queued_runs_and_leaves_its_output(cluster, tmp_path):
+    _, sl = cluster
+    out = tmp_path / "job-%j.out"
+    p = sl.run(["sbatch", "--parsable", "-o", str(out), "--wrap", "sleep 2; echo done on $(hostname)"])
+    job = p.stdout.strip()
+    assert p.returncode == 0 and job.isdigit(), p.stderr
+    assert job in sl.jobs()
+    assert no_jobs_within(sl, 60), f"the job did not end within 60 s: {sl.jobs()}"
+    text = (tmp_path / f"job-{job}.out").read_text()
+    assert text.strip() in {"done on h1", "done on h2", "done on h3"}, text
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_impossible_requests_are_refused_with_slurms_reason(cluster):
+    _, sl = cluster
+    too_many = sl.run(["sbatch", "-N4", "--wrap", "true"])
+    assert too_many.returncode == 1 and "Node count specification invalid" in too_many.stderr, too_many.stderr
+    no_partition = sl.run(["sbatch", "-p", "nosuch", "--wrap", "true"])
+    assert no_partition.returncode == 1 and "Invalid partition name specified" in no_partition.stderr
+    srun = sl.run(["srun", "-N4", "true"], timeout=30)
+    assert srun.returncode == 1 and "Node count specification invalid" in srun.stderr, srun.stderr
+    assert sl.jobs() == []
+
+
+MPI_CHECK = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
+             "print(c.rank, c.size, socket.gethostname(), c.allreduce(c.rank + 1))")
+
+
+@needs_root
+@pytest.mark.timeout(180)
+def test_mpiexec_under_salloc_spans_the_three_hosts(cluster):
+    _, sl = cluster
+    t0 = time.time()
+    p = sl.run(["salloc", "-N3", "-n3", str(Path(sys.executable).parent / "mpiexec"), "-n", "3",
+                "--mca", "btl_tcp_if_include", "eth0", "--mca", "oob_tcp_if_include", "eth0",
+                sys.executable, "-c", MPI_CHECK], timeout=150)
+    print(f"\nsalloc + mpiexec, 3 ranks on 3 hosts: {time.time() - t0:.1f} s")
+    assert lines(p) == ["0 3 h1 6", "1 3 h2 6", "2 3 h3 6"], p.stderr
+    assert no_jobs_within(sl, 30), sl.jobs()                 # the allocation ends (COMPLETING, then gone)
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_a_killed_slurmd_marks_its_node_down(cluster):
+    lab, sl = cluster
+    slurmd = [p for p in netlab.ns_pids(lab.ns("h3"))
+              if open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0] == slurm.find("slurmd").encode()]
+    assert len(slurmd) == 1, slurmd
+    os.kill(slurmd[0], signal.SIGKILL)
+    t0, deadline = time.time(), time.time() + 90
+    while not sl.nodes().get("h3", "").startswith("down") and time.time() < deadline:
+        time.sleep(0.5)
+    print(f"\nh3 down {time.time() - t0:.0f} s after its slurmd was killed (SlurmdTimeout=10)")
+    assert sl.nodes() == {"h1": "idle", "h2": "idle", "h3": "down*"}
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_stop_leaves_nothing(cluster):
+    lab, sl = cluster
+    sl.stop()
+    assert not os.path.exists(sl.dir) and not [p for p in slurm_processes() if lab.dir in p]
+    assert all(p.poll() is not None for p in sl.daemons.values())        # reaped, not zombies
+    lab.stop()
+    assert_clean()
+
+
+# ------------------------------------------------------------------------------------- failures to start
+@needs_root
+@pytest.mark.timeout(120)
+def test_a_start_that_does_not_reach_idle_says_why_and_leaves_nothing(monkeypatch, no_leaks):
+    monkeypatch.setattr(slurm, "node_line", lambda slurmd: "CPUs=64")     # more CPUs than slurmd finds
+    with netlab.start(1) as lab:
+        with pytest.raises(netlab.LabError, match=r"(?s)not every node became idle within 5 s.*Low CPUs"):
+            slurm.start(lab, timeout=5)
+        assert not os.path.exists(os.path.join(lab.dir, "slurm")) and not [
+            p for p in slurm_processes() if lab.dir in p]
+        with pytest.raises(netlab.LabError, match="letters, digits"):
+            slurm.start(lab, partition="no such")
+    assert_clean()
+
+
+# ------------------------------------------------------------------------------------- a SIGKILLed owner
+@needs_root
+@pytest.mark.timeout(150)
+def test_a_sigkilled_owners_slurm_is_swept_by_the_next_start(no_leaks):
+    code = textwrap.dedent("""
+        import json, time, kit.netlab as n
+        lab = n.start(2)
+        sl = n.slurm.start(lab)
+        print(json.dumps({"dir": sl.dir, "pids": [p.pid for p in sl.daemons.values()]}), flush=True)
+        time.sleep(600)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=CHILD_ENV)
+    try:
+        crashed = json.loads(child.stdout.readline())
+    finally:
+        child.kill()                                           # SIGKILL: no atexit, no stop()
+        child.wait(timeout=30)
+    assert os.path.isdir(crashed["dir"]) and [p for p in slurm_processes() if crashed["dir"] in p]
+    with netlab.start(1):                                      # sweeps the dead lab and its Slurm
+        assert not os.path.exists(crashed["dir"])
+        assert not [p for p in slurm_processes() if crashed["dir"] in p]
+    assert_clean()
+
+
+def test_without_slurm_the_error_names_the_packages(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(os.path, "exists", lambda p: False)
+    with pytest.raises(netlab.LabError, match="apt-get install -y slurmctld slurmd slurm-client munge"):
+        slurm.find("slurmd")
