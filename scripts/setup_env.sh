@@ -37,8 +37,13 @@ stamp=$( (cat pyproject.toml scripts/setup_env.sh scripts/install_horovod.sh scr
 lab_pkgs=()
 [ -x /usr/sbin/sshd ] || lab_pkgs+=(openssh-server)
 { command -v ip && command -v tc && command -v ss; } >/dev/null 2>&1 || lab_pkgs+=(iproute2)
+# Slurm on the lab (kit.netlab.slurm): controller, node daemon, clients and MUNGE; apt starts none of them here
+{ [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && command -v sinfo; } >/dev/null 2>&1 \
+  || lab_pkgs+=(slurmctld slurmd slurm-client munge)
+# Notebook 04's 28x28 images offline: Debian's Fashion-MNIST (kit.datasets looks in /usr/share/datasets)
+[ -d /usr/share/datasets/fashion-mnist ] || lab_pkgs+=(dataset-fashion-mnist)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ${#lab_pkgs[@]} -gt 0 ]; then
-  say "root: installing Debian's ${lab_pkgs[*]} for the emulated-host lab (kit.netlab)"
+  say "root: installing Debian's ${lab_pkgs[*]} for the emulated-host lab (kit.netlab) and notebook 04's data"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${lab_pkgs[@]}" >/dev/null 2>&1 \
     || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${lab_pkgs[@]}" >/dev/null; } \
     || die "apt-get install ${lab_pkgs[*]} failed (the lab needs it; the rest of the kit does not)"

@@ -50,17 +50,6 @@ def test_schemes_and_labels():
 
 
 # ----------------------------------------------------------------------------------- on engines
-@pytest.mark.timeout(240)
-def test_tiny_benchmark_writes_json_with_its_summary(tmp_path, no_leaks):
-    """First of the engine tests: its own 3 engines start before the shared ones (2 cores)."""
-    kit.bench.main(["ddp", "--tiny", "--out", str(tmp_path)])
-    doc = json.loads((tmp_path / "ddp.json").read_text())
-    assert doc["benchmark"] == "ddp" and doc["tiny"] and doc["summary"].startswith("ddp: N=3 gloo engines")
-    assert "every scheme equals one-process SGD on the 3x batch: True" in doc["summary"]
-    assert len(doc["rows"]) == len(ddpx.schemes(ddpx.SETTINGS["tiny"]["buckets"]))
-    assert ddpx.table(doc).count("\n") == len(doc["rows"]) + 1
-
-
 @pytest.fixture(scope="module")
 def cluster3():
     """One gloo job of 3 engines shared by the engine tests; nothing left running afterwards."""
@@ -76,6 +65,17 @@ def cluster3():
         while (descendants() - before) and time.time() < deadline:
             time.sleep(0.2)
         assert not (descendants() - before), "cluster processes left running"
+
+
+@pytest.mark.timeout(240)
+def test_tiny_benchmark_gives_its_rows_and_summary(tmp_path, cluster3):
+    """The benchmark's tiny run on the shared engines (`python -m kit.bench` writing the JSON: tests/test_bench.py)."""
+    x, summary = ddpx.bench(tmp_path, tiny=True, cluster=cluster3)
+    doc = json.loads(json.dumps({"summary": summary, **x}, default=float))
+    assert doc["summary"].startswith("ddp: N=3 gloo engines")
+    assert "every scheme equals one-process SGD on the 3x batch: True" in doc["summary"]
+    assert len(doc["rows"]) == len(ddpx.schemes(ddpx.SETTINGS["tiny"]["buckets"]))
+    assert ddpx.table(doc).count("\n") == len(doc["rows"]) + 1
 
 
 @pytest.mark.timeout(180)

@@ -278,10 +278,11 @@ SETTINGS = {
 }
 
 
-def bench(out_dir, quick: bool = False, tiny: bool = False):
-    """python -m kit.bench ddp: every scheme on 3 gloo engines: time, correctness, memory and bytes per rank."""
+def bench(out_dir, quick: bool = False, tiny: bool = False, cluster=None):
+    """python -m kit.bench ddp: every scheme on 3 gloo engines: time, correctness, memory and bytes per rank
+    (on `cluster`'s engines when given: the tests share theirs)."""
     s = SETTINGS["tiny" if tiny else "quick" if quick else "full"]
-    x = experiment(n=3, cfg=s["cfg"], names=schemes(s["buckets"], s["buckets"][-1] if tiny else DDP_BUCKET),
+    x = experiment(cluster, n=3, cfg=s["cfg"], names=schemes(s["buckets"], s["buckets"][-1] if tiny else DDP_BUCKET),
                    alpha_beta=s["alpha_beta"])
     if not tiny:
         import matplotlib.pyplot as plt

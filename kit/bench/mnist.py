@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from kit.mnist import model, timeline
 from kit.plots import figure, plot_accuracy, plot_throughput, plot_timeline
 
@@ -29,26 +31,40 @@ def bench(out_dir: Path, quick: bool, tiny: bool = False) -> tuple[dict, str]:
     else:
         model.run_script(2, ["--synthetic-steps", "10" if quick else "20", *model.SETTINGS["pinned"]],
                          env={"HOROVOD_TIMELINE": str(timeline_file)})
-    data = ["--dataset", "digits", "--epochs", "1", "--train-samples", "512"] if quick else ["--dataset", "auto"]
-    dist = model.run_script(2, [*data, *model.SETTINGS["pinned"]], env=timeline_env)
-    single = model.run_script(1, [*data, "--epochs", str(dist["epochs"]), "--threads", "2"])
+    data = (["--dataset", "digits", "--epochs", "1", "--train-samples", "512"] if quick else
+            ["--dataset", "auto", "--train-samples", str(model.SUBSET[0]), "--test-samples", str(model.SUBSET[1])])
+    seeds = model.SEEDS[:1] if quick else model.SEEDS        # the accuracy's spread: one run per seed
+    dists = [model.run_script(2, [*data, "--seed", str(s), *model.SETTINGS["pinned"]],
+                              env=timeline_env if s == seeds[0] else None) for s in seeds]
+    singles = [model.run_script(1, [*data, "--seed", str(s), "--epochs", str(dists[0]["epochs"]), "--threads", "2"])
+               for s in seeds]
+    dist, single = dists[0], singles[0]
     result = {"dataset": dist["dataset"], "epochs": dist["epochs"], "throughput": throughput,
+              "subset": None if quick else list(model.SUBSET), "seeds": list(seeds),
               "accuracy": {"2_workers": dist["test_accuracy"], "1_process": single["test_accuracy"]},
+              "accuracy_seeds": {"2_workers": [r["test_accuracy"] for r in dists],
+                                 "1_process": [r["test_accuracy"] for r in singles]},
               "history": {"2_workers": dist["history"], "1_process": single["history"]},
-              "replicas_identical": dist["replicas_identical"]}
+              "replicas_identical": all(r["replicas_identical"] for r in dists)}
     intervals = timeline.read_timeline(timeline_file)
     timeline_file.unlink()
     _bench_figures(result, intervals, Path(out_dir))
     p, d = throughput["pinned"], throughput.get("tf_defaults")
-    acc2, acc1 = dist["test_accuracy"], single["test_accuracy"]
-    summary = (f"mnist: {dist['dataset']} test accuracy {acc2:.4f} with 2 workers vs {acc1:.4f} in 1 process "
-               f"({dist['epochs']} epochs, diff {100 * (acc2 - acc1):+.2f} points); throughput 2 workers "
+    a2, a1 = result["accuracy_seeds"]["2_workers"], result["accuracy_seeds"]["1_process"]
+    summary = (f"mnist: {dist['dataset']} test accuracy {_spread(a2)} with 2 workers vs {_spread(a1)} in 1 process "
+               f"({dist['epochs']} epochs, {len(seeds)} seed(s) each, diff of medians "
+               f"{100 * (float(np.median(a2)) - float(np.median(a1))):+.2f} points); throughput 2 workers "
                f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
                f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "
                + (f"TF defaults: {d['speedup']:.2f}x; " if d else "")
                + (f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x" if "pinned_mpi" in throughput else "no MPI pair")
                + (f", busy-polling: {throughput['pinned_mpi_busy_poll']['speedup']:.2f}x" if not quick else "") + ")")
     return result, summary
+
+
+def _spread(accs: list[float]) -> str:
+    """One accuracy, or the median of several with their range."""
+    return f"{accs[0]:.4f}" if len(accs) == 1 else f"{np.median(accs):.4f} ({min(accs):.4f}-{max(accs):.4f})"
 
 
 def _bench_figures(result: dict, intervals: list[dict], out_dir: Path):

@@ -6,7 +6,8 @@ from kit.mnist.model import (
     plot_throughput, plot_timeline, allreduce_seconds_per_step, read_timeline, timeline_summary, BATCH, EPOCHS,
     BASE_LR, WARMUP_EPOCHS, SYNTHETIC_WARMUP, REPO, TRAIN,
     TRAIN_FILE, launch_env, import_tf_quietly, keras, build_model,
-    prepare, subset, shard, steps_per_epoch, weights_digest, epoch_log, throughput_callback, engine_throughput,
+    prepare, subset, shard, steps_per_epoch, accuracy_spread, SUBSET, SEEDS, weights_digest, epoch_log,
+    throughput_callback, engine_throughput,
     synthetic_throughput, torch_model, SETTINGS, run_script, paired_runs, paired_throughput, explain_threads,
     readme_table)
 from kit import _lazy_submodules

@@ -32,6 +32,8 @@ BATCH = 128             # the classic example's batch size (per worker)
 EPOCHS = 12             # the classic example trains 12 epochs; sharded, N workers keep the 12 (see shard)
 BASE_LR = 1.0           # Adadelta's learning rate in the classic Keras example
 WARMUP_EPOCHS = 3       # gradual warmup from lr to lr * size (Goyal et al.; Horovod's Keras example uses 3)
+SUBSET = (6_000, 2_000)  # train / test images of notebook 04's default run, and of `kit.bench mnist`'s accuracy runs
+SEEDS = (0, 1, 2)        # `kit.bench mnist`: accuracy runs per arrangement (2 workers, 1 process): the spread
 SYNTHETIC_WARMUP = 10   # steps synthetic_throughput runs before it starts timing (graph building, first sync)
 REPO = Path(__file__).resolve().parents[2]   # the folder that holds the `kit` package: the jobs' working directory
 TRAIN = ("-m", "kit.mnist.train")   # the training script, as `python -m kit.mnist.train`
@@ -104,8 +106,19 @@ def shard(x: np.ndarray, y: np.ndarray, rank: int, size: int) -> tuple[np.ndarra
 
 
 def steps_per_epoch(n_samples: int, size: int, batch: int = BATCH) -> int:
-    """Return each rank's optimizer steps per epoch when n_samples are sharded over size ranks (batch per rank)."""
-    return n_samples // size // batch
+    """Return each rank's optimizer steps per epoch when n_samples are sharded over size ranks (batch per rank),
+    as Keras' fit counts them: the last, partial batch of the shard is a step too (ceil)."""
+    return -(-(n_samples // size) // batch)
+
+
+def accuracy_spread(dataset: str, subset, epochs: int, workers: int = 2) -> dict | None:
+    """Return results/mnist.json's test accuracies per seed ({"2_workers": [...], "1_process": [...]}) when they were
+    measured on the same data set, subset and epochs with `workers` workers; else None (nothing to compare with)."""
+    path = REPO / "results" / "mnist.json"
+    x = json.loads(path.read_text()) if path.exists() else {}
+    same = (x.get("dataset"), x.get("subset"), x.get("epochs")) == (dataset, list(subset), epochs)
+    seeds = x.get("accuracy_seeds")
+    return seeds if same and workers == 2 and seeds and len(seeds["1_process"]) >= 2 else None
 
 
 def weights_digest(model) -> str:

@@ -27,6 +27,9 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint-dir", default=None, help="rank 0 saves here each epoch; resumes from here")
     p.add_argument("--batch-size", type=int, default=128, help="per worker (the classic example's 128)")
     p.add_argument("--train-samples", type=int, default=None, help="use a random subset (default: all)")
+    p.add_argument("--test-samples", type=int, default=None, help="test on a random subset (default: all)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed the initial weights and the shuffling (default: a different run each time)")
     p.add_argument("--warmup-epochs", type=float, default=None, help="learning-rate warmup (Goyal et al.; default 3)")
     p.add_argument("--threads", type=int, default=None, help="TF intra-op threads per worker")
     p.add_argument("--inter-op-threads", type=int, default=None, help="TF inter-op threads per worker")
@@ -43,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--init-timeout", type=float, default=600,
                    help="seconds hvd.init() may take before this rank ends the job with an error (0: wait forever)")
     args = p.parse_args(argv)
-    for name, low in (("epochs", 1), ("batch_size", 1), ("train_samples", 1), ("threads", 1),
+    for name, low in (("epochs", 1), ("batch_size", 1), ("train_samples", 1), ("test_samples", 1), ("threads", 1),
                       ("inter_op_threads", 1), ("commit_every", 1), ("synthetic_steps", 0)):
         value = getattr(args, name)
         if value is not None and value < low:       # checked here, before TensorFlow starts
@@ -141,7 +144,9 @@ def main(argv=None):
     from kit import datasets
     ds = datasets.load(args.dataset, verbose=root)
     x, y = mnist.prepare(*mnist.subset(ds.x_train, ds.y_train, args.train_samples))
-    x_test, y_test = mnist.prepare(ds.x_test, ds.y_test)
+    x_test, y_test = mnist.prepare(*mnist.subset(ds.x_test, ds.y_test, args.test_samples))
+    if args.seed is not None:       # the same on every rank (rank 0's weights are broadcast anyway)
+        tf.keras.utils.set_random_seed(args.seed)
     if args.elastic:
         return train_elastic(args, tf, hvd, x, y)
     # Horovod (6): each rank trains on its own 1/size of the data: an epoch is one pass over the data shared by
@@ -163,7 +168,8 @@ def main(argv=None):
         # Horovod: average the metrics over ranks, so rank 0 prints the job's loss, not its own shard's.
         hvd.callbacks.MetricAverageCallback(),
         # Horovod: ramp the learning rate from lr to lr * size over the first epochs (Goyal et al., 2017).
-        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, steps_per_epoch=len(x) // args.batch_size,
+        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr,
+                                                 steps_per_epoch=mnist.steps_per_epoch(len(x), 1, args.batch_size),
                                                  warmup_epochs=args.warmup_epochs or mnist.WARMUP_EPOCHS),
     ]
     # Horovod (5): only rank 0 writes checkpoints and prints progress.
@@ -211,7 +217,8 @@ def train_elastic(args, tf, hvd, x_all, y_all):
     @hvd.elastic.run
     def train(state):
         x, y = mnist.shard(x_all, y_all, hvd.rank(), hvd.size())     # shards follow the current size
-        state.model.fit(x, y, batch_size=args.batch_size, steps_per_epoch=len(x) // args.batch_size,
+        steps = mnist.steps_per_epoch(len(x), 1, args.batch_size)           # Keras' count: the partial batch too
+        state.model.fit(x, y, batch_size=args.batch_size, steps_per_epoch=steps,
                         epochs=(args.epochs or mnist.EPOCHS) - state.epoch, verbose=0, callbacks=[
                             elastic.event_log(state, args.events, hvd, args.batch_size),   # counts state.done
                             hvd.elastic.CommitStateCallback(state, batches_per_commit=args.commit_every),
