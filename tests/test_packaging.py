@@ -190,8 +190,8 @@ def _network(x: dict) -> list[str]:
 
 
 def _mnist(x: dict) -> list[str]:
-    from kit.mnist import readme_table
-    return [readme_table(x)]
+    from kit.mnist import accuracy_table, readme_table
+    return [readme_table(x)] + ([accuracy_table(x)] if "accuracy_seeds" in x else [])
 
 
 def _mnist_on_lab_hosts(x: dict) -> list[str]:

@@ -9,7 +9,7 @@ from kit.mnist.model import (
     prepare, subset, shard, steps_per_epoch, accuracy_spread, SUBSET, SEEDS, weights_digest, epoch_log,
     throughput_callback, engine_throughput,
     synthetic_throughput, torch_model, SETTINGS, run_script, paired_runs, paired_throughput, explain_threads,
-    readme_table)
+    readme_table, accuracy_table)
 from kit import _lazy_submodules
 
 __getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())

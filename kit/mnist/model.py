@@ -294,3 +294,16 @@ def readme_table(result: dict) -> str:
         out.append(f"| {names.get(key, key)} | {pairs} | {one[0]:,.0f}–{one[1]:,.0f} | {two[0]:,.0f}–{two[1]:,.0f} | "
                    f"{t['speedup']:.2f}× ({t['efficiency']:.0%}) | {busy[0]:.2f} / {busy[1]:.2f} |")
     return "\n".join(out)
+
+
+def accuracy_table(result: dict) -> str:
+    """Return the accuracy runs of a `python -m kit.bench mnist` run, one row per arrangement, one column per seed
+    (docs/benchmarks/mnist.md; checked by test_packaging)."""
+    seeds = result["accuracy_seeds"]
+    out = [f"| {result['dataset']}, {result['epochs']} epochs | " + " | ".join(f"seed {s}" for s in result["seeds"])
+           + " | median | spread |", "|---|" + "---|" * (len(result["seeds"]) + 2)]
+    for key, accs in seeds.items():
+        out.append(f"| {key.replace('_', ' ')} | " + " | ".join(f"{a:.2%}" for a in accs)
+                   + f" | {np.median(accs):.2%} | {100 * (max(accs) - min(accs)):.2f} points |")
+    return "\n".join(out)
+
