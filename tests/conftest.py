@@ -25,7 +25,7 @@ SESSION_TMP = tempfile.mkdtemp(prefix=f"kit-test-session-{os.getpid()}-", dir=SY
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = SESSION_TMP
 
-import kit  # noqa: E402,F401  (sets the framework environment, TF_USE_LEGACY_KERAS=1, before any test imports TF)
+import kit  # noqa: E402  (sets the framework environment, TF_USE_LEGACY_KERAS=1, before any test imports TF)
 
 
 def descendants() -> set[int]:
@@ -63,6 +63,41 @@ def no_leaks():
             pass
     assert not names, "processes left running:\n" + "\n".join(names)
 
+
+@pytest.fixture(scope="module")
+def cluster3():
+    """One Gloo job of 3 engines (a ring where left != right) with a process group, shared by a module's engine
+    tests, which it lets import the test modules; nothing of it is left running afterwards."""
+    before = descendants()
+    c = kit.cluster.start(n=3, backend="gloo", timeout=60, quiet=True)
+    try:
+        c.init_process_group()
+        importable(c)
+        yield c
+    finally:
+        c.stop()
+        deadline = time.time() + 10
+        while (descendants() - before) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not (descendants() - before), "cluster processes left running"
+
+
+# ------------------------------------------------------------------ lab leftovers (test_netlab, test_slurm_lab)
+def lab_process(pid: str) -> bool:
+    """Whether /proc/PID is a live (not zombie) process of a kit lab (its command line names a /kitlab folder)."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        return state != "Z" and b"/kitlab" in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
+
+
+def lab_leftovers() -> dict[str, list]:
+    """Return every kit lab resource on this machine: namespaces, links, /etc/netns and temp dirs, processes."""
+    from kit import netlab
+    res = netlab.lab._kit_resources() if is_root() else {}
+    procs = [p for p in os.listdir("/proc") if p.isdigit() and lab_process(p)]
+    return {"resources": sorted(res.items()), "processes": procs}
 
 # ------------------------------------------------------------------ tiers: markers from what a test uses
 # `make test` runs every tier this machine can run; `make test-fast` deselects the marked ones (docs/testing.md).

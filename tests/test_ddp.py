@@ -2,13 +2,11 @@
 equals one process training on the N× batch, as do DDP (with and without the fp16 hook) and FSDP2; buckets are right
 on awkward shapes; the bytes and the benchmark's JSON."""
 import json
-import time
 
 import numpy as np
 import pytest
 
-import kit
-from conftest import descendants, importable
+from conftest import importable
 from kit.bench import ddp as ddpx
 from kit.comm import costmodel, dp
 
@@ -50,23 +48,6 @@ def test_schemes_and_labels():
 
 
 # ----------------------------------------------------------------------------------- on engines
-@pytest.fixture(scope="module")
-def cluster3():
-    """One gloo job of 3 engines shared by the engine tests; nothing left running afterwards."""
-    before = descendants()
-    c = kit.cluster.start(n=3, backend="gloo", timeout=60, quiet=True)
-    try:
-        c.init_process_group()
-        importable(c)
-        yield c
-    finally:
-        c.stop()
-        deadline = time.time() + 10
-        while (descendants() - before) and time.time() < deadline:
-            time.sleep(0.2)
-        assert not (descendants() - before), "cluster processes left running"
-
-
 @pytest.mark.timeout(240)
 def test_tiny_benchmark_gives_its_rows_and_summary(tmp_path, cluster3):
     """The benchmark's tiny run on the shared engines (`python -m kit.bench` writing the JSON: tests/test_bench.py)."""

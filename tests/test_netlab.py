@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import is_root
+from conftest import is_root, lab_process
+from conftest import lab_leftovers as leftovers
 
 from kit import mnist, netlab
 from kit.mnist.train import STALLED
@@ -28,21 +29,6 @@ SCRIPT = str(REPO / "scripts" / "train_keras_mnist.py")
 TINY = ["--dataset", "digits", "--train-samples", "512", "--batch-size", "32", "--threads", "1"]
 needs_root = pytest.mark.requires_root
 CHILD_ENV = dict(os.environ, PYTHONPATH=str(REPO))
-
-
-def leftovers() -> dict[str, list]:
-    """Return every kit lab resource on this machine: namespaces, links, /etc/netns and temp dirs, processes."""
-    res = netlab.lab._kit_resources() if is_root() else {}
-    procs = [p for p in os.listdir("/proc") if p.isdigit() and _lab_process(p)]
-    return {"resources": sorted(res.items()), "processes": procs}
-
-
-def _lab_process(pid: str) -> bool:
-    try:
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-        return state != "Z" and b"/kitlab" in open(f"/proc/{pid}/cmdline", "rb").read()
-    except OSError:
-        return False
 
 
 def assert_clean():
@@ -170,7 +156,7 @@ def test_start_after_a_crash_sweeps_the_dead_lab(no_leaks):
     with netlab.start(2) as lab:                                # sweeps the dead lab, then starts
         assert lab.id == crashed["id"], "the crashed lab's number was not freed"
         assert not os.path.exists(crashed["dir"])
-        assert not [p for p in crashed["sshd"] if _lab_process(str(p))], "the crashed lab's sshd still runs"
+        assert not [p for p in crashed["sshd"] if lab_process(str(p))], "the crashed lab's sshd still runs"
         assert lab.ssh("h2", "hostname").stdout.strip() == "h2"
     assert_clean()
 

@@ -8,7 +8,7 @@ import psutil
 import pytest
 
 import kit
-from conftest import descendants, importable
+from conftest import importable
 from kit.comm import ring, ring_sim
 from kit.bench import allreduce as ring_bench
 from kit.comm.costmodel import ring_bytes
@@ -65,23 +65,6 @@ def test_chunk_bounds_cover_and_balance():
 
 
 # ----------------------------------------------------------------------------------- the real ring on engines
-@pytest.fixture(scope="module")
-def cluster3():
-    """One gloo job of 3 engines for all the engine tests (3: a ring where left != right); no leftovers."""
-    before = descendants()
-    c = kit.cluster.start(n=3, backend="gloo", timeout=30, quiet=True)
-    try:
-        c.init_process_group()
-        importable(c)
-        yield c
-    finally:
-        c.stop()
-        deadline = time.time() + 10
-        while (descendants() - before) and time.time() < deadline:
-            time.sleep(0.2)
-        assert not (descendants() - before), "cluster processes left running"
-
-
 def _engine_compare(shape, dtype, seed):
     """On each engine: ring, naive, torch.distributed, Horovod on rank-specific inputs; return all results."""
     import os

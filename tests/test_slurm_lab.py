@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import lab_leftovers
 
 from kit import netlab
 from kit.netlab import slurm
@@ -45,13 +46,15 @@ BEFORE: set[str] = set()
 BEFORE.update(p.split(":")[0] for p in slurm_processes())
 
 
+NOTHING = {"resources": [], "processes": [], "slurm": []}
+
+
 def assert_clean():
     """Nothing of any lab (namespaces, links, dirs, owner records) and no Slurm process left (10 s grace)."""
     deadline = time.time() + 10
-    while (left := (sorted(netlab.lab._kit_resources().items()), slurm_processes())) != ([], []) \
-            and time.time() < deadline:
+    while (left := {**lab_leftovers(), "slurm": slurm_processes()}) != NOTHING and time.time() < deadline:
         time.sleep(0.2)
-    assert left == ([], []), f"left behind: {left}"
+    assert left == NOTHING, f"left behind: {left}"
 
 
 @pytest.fixture(scope="module")
