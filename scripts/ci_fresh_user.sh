@@ -50,19 +50,19 @@ grep -q '^setup_env: PyTorch: ' "/tmp/$user-setup.log" \
 rm -f "/tmp/$user-setup.log"
 as_user 'du -sh ~/kit/.venv ~/.cache/pip 2>/dev/null | sed "s|$HOME|~|"'
 # The tests as that user. KIT_CI_FULL=1: the whole `make test` (issue 16's acceptance; the root-only lab tests
-# skip, saying they need root; ~30 min more). Default, to keep CI inside its 90 minutes: notebook 00 and the
-# cluster's 2-engine gloo and mpi jobs (the 4-engine, kill and kernel-exit cases run in root's `make test`;
-# here what matters is that a plain user's engines start at all), and tests/test_kit.py (with PyPI's CUDA torch
-# comes Triton, which segfaulted when loaded after TensorFlow: tensorflow/tensorflow#124205).
+# skip, saying they need root; ~30 min more). Default, to keep CI inside its budget: notebook 00, the cluster's
+# 2-engine gloo and mpi jobs with Horovod, torch.distributed and Keras (the rest of tests/test_cluster.py runs in
+# root's `make test`; here what matters is that a plain user's engines and jobs start at all), and
+# tests/test_kit.py (with PyPI's CUDA torch comes Triton, which segfaulted when loaded after TensorFlow: tensorflow/tensorflow#124205).
 if [ "${KIT_CI_FULL:-0}" = 1 ]; then
   as_user 'cd ~/kit && make test PYTEST_ARGS="-rs"' | tee "/tmp/$user-test.log"
   grep -E "^SKIPPED" "/tmp/$user-test.log" | grep -v -i "root" \
     && { echo "ci_fresh_user: FAIL: a test skipped for a reason other than needing root (above)" >&2; exit 1; }
   rm -f "/tmp/$user-test.log"
 else
-  as_user 'cd ~/kit && .venv/bin/python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env \
-           notebooks/00_environment.ipynb tests/test_kit.py tests/test_cluster.py \
-           -k "not killed and not kernel_exit and not 4-gloo and not 4-mpi"'
+  job=tests/test_cluster.py::test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed
+  as_user "cd ~/kit && .venv/bin/python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env \
+           notebooks/00_environment.ipynb tests/test_kit.py '$job[2-gloo]' '$job[2-mpi]'"
 fi
 
 # make lab as that user: it must start and answer on 127.0.0.1, then stop with nothing left

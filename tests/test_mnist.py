@@ -305,3 +305,35 @@ def test_bench_mnist_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     assert doc["replicas_identical"] is True and [len(v) for v in doc["accuracy_seeds"].values()] == [1, 1]
     assert (tmp_path / "mnist.png").stat().st_size > 0 and (tmp_path / "mnist_timeline.png").stat().st_size > 0
     assert not (tmp_path / "mnist_timeline.json").exists()
+
+
+def test_lab_scaling_leaves_out_the_pairs_asked_and_its_figure_draws_the_rest(monkeypatch):
+    """kit.mnist.lab.scaling(skip=...) (notebook 04's smoke run leaves out 4 hosts at 1 Gbit/s): the pairs asked for
+    run in order, the lab's rate is restored, and plot_lab_scaling draws a grid with a gap."""
+    from kit.mnist import lab as mlab
+    from kit.plots import plot_lab_scaling
+    import matplotlib.pyplot as plt
+
+    class FakeLab:
+        rate, rates = "1gbit", []
+
+        def set_rate(self, rate):
+            self.rate = rate
+            self.rates.append(rate)
+
+    def fake_run(lab, n, steps):
+        calls.append((n, lab.rate))
+        return {"n": n, "rate": lab.rate, "samples_per_s": 100.0 * n, "step_s": 0.1, "allreduce_s": 0.01 * (n > 1),
+                "allreduce_share": 0.1 * (n > 1), "cores_busy": [1.0] * n}
+
+    calls, lab = [], FakeLab()
+    monkeypatch.setattr(mlab, "run_on_lab", fake_run)
+    result = mlab.scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"), steps=5, skip=((4, "1gbit"),))
+    assert calls == [(1, "1gbit"), (2, "1gbit"), (2, "10gbit"), (4, "10gbit")]
+    assert lab.rate == "1gbit" and lab.rates[-1] == "1gbit"
+    assert [(r["n"], r["rate"], r["speedup"]) for r in result["runs"]] == [(2, "1gbit", 2.0), (2, "10gbit", 2.0),
+                                                                          (4, "10gbit", 4.0)]
+    assert mlab.table(result).count("\n") == 5
+    ax = plot_lab_scaling(result)
+    assert len(ax[0].patches) == 3                  # one bar per run: none for the pair left out
+    plt.close("all")

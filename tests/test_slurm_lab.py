@@ -1,6 +1,7 @@
 """kit.netlab.slurm: a real Slurm cluster on 3 lab hosts. Nodes idle, srun on every host, a batch job queued, run
 and gone with its output on the shared file system, impossible requests refused with Slurm's reason, mpiexec under
-salloc across the hosts, a killed slurmd marking its node down, nothing left after stop or after a SIGKILLed owner.
+salloc across the hosts, the batch MNIST job (scripts/slurm_mnist.sbatch) cancelled and resumed, a killed slurmd
+marking its node down, nothing left after stop or after a SIGKILLed owner.
 
 These need root (network namespaces) and Debian's slurmctld, slurmd, slurm-client and munge (`make setup` as root
 installs them). CI runs as root, so there they always run; without root they are skipped with the reason.
@@ -17,11 +18,12 @@ from pathlib import Path
 import pytest
 from conftest import lab_leftovers
 
-from kit import netlab
+from kit import mnist, netlab
 from kit.netlab import slurm
 
 REPO = Path(__file__).resolve().parent.parent
 needs_root = pytest.mark.requires_root
+MNIST_TINY = ["--dataset", "digits", "--train-samples", "512", "--batch-size", "32", "--threads", "1"]
 CHILD_ENV = dict(os.environ, PYTHONPATH=str(REPO))
 DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")
 
@@ -154,6 +156,44 @@ def test_mpiexec_under_salloc_spans_the_three_hosts(cluster):
 
 
 @needs_root
+@pytest.mark.timeout(600)
+def test_the_sbatch_mnist_job_trains_on_three_hosts_and_resumes_after_scancel(cluster, tmp_path):
+    """scripts/slurm_mnist.sbatch: notebook 04's job as a batch job, Horovod over MPI on h1..h3; cancelled after two
+    checkpoints, submitted again with the same CKPT, it resumes after the last one and finishes; squeue ends empty."""
+    lab, sl = cluster
+    lab.kill_jobs()
+    ckpt, log = tmp_path / "ckpt", tmp_path / "job.out"
+    env = {"CKPT": str(ckpt), "KIT": str(REPO), "PYTHON": sys.executable, "MPI_IFACE": "eth0"}
+
+    def submit(epochs: int) -> str:
+        p = sl.run(["sbatch", "--parsable", "-N3", "-o", str(log), str(REPO / "scripts" / "slurm_mnist.sbatch"),
+                    *MNIST_TINY, "--epochs", str(epochs)], env=env)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip().split(";")[0]
+
+    first = submit(40)
+    deadline = time.time() + 240
+    while len(mnist.list_checkpoints(ckpt)) < 2 and first in sl.jobs() and time.time() < deadline:
+        time.sleep(0.5)
+    show = sl.run(["scontrol", "show", "job", first]).stdout
+    assert "JobState=RUNNING" in show and "NumNodes=3" in show, show + log.read_text()[-2000:]
+    sl.run(["scancel", first], check=True)
+    assert no_jobs_within(sl, 60), sl.jobs()
+    done = [int(mnist.CKPT_RE.search(c.name)[1]) for c in mnist.list_checkpoints(ckpt)]
+    assert len(done) >= 2 and max(done) < 40, f"not cancelled mid-way: checkpoints {done}"
+    last = max(done)
+    second = submit(last + 2)
+    deadline = time.time() + 240
+    while second in sl.jobs() and time.time() < deadline:
+        time.sleep(0.5)
+    out = log.read_text()
+    assert sl.jobs() == [], out[-3000:]
+    assert "JobState=COMPLETED" in sl.run(["scontrol", "show", "job", second]).stdout, out[-3000:]
+    assert f"kit-mnist: job {second} (restart 0) on h[1-3], 3 ranks" in out, out[-3000:]
+    assert f"resumed from epoch {last}" in out and "on 3 worker(s)" in out.split("done:")[-1], out[-3000:]
+    assert "replicas identical: True" in out, out[-3000:]
+
+
 @pytest.mark.timeout(120)
 def test_a_killed_slurmd_marks_its_node_down(cluster):
     lab, sl = cluster

@@ -76,15 +76,16 @@ def run_on_lab(lab, n: int, steps: int = 30, timeout: float = 600) -> dict:
             "cores_busy": result["cores_busy"], "steps": steps, "batch": result["batch"]}
 
 
-def scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"), steps: int = 30) -> dict:
-    """Run the job on 1 host, then on each of `sizes` hosts at each link rate; restore the lab's rate after."""
+def scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"), steps: int = 30, skip=()) -> dict:
+    """Run the job on 1 host, then on each of `sizes` hosts at each link rate, leaving out the (hosts, rate) pairs
+    in `skip`; restore the lab's rate after."""
     k = gradient_bytes()
     before, runs = lab.rate, []
     try:
         one = run_on_lab(lab, 1, steps)
         for rate in rates:
             lab.set_rate(rate)
-            for n in sizes:
+            for n in (n for n in sizes if (n, rate) not in skip):
                 r = run_on_lab(lab, n, steps)
                 runs.append({**r, "speedup": r["samples_per_s"] / one["samples_per_s"],
                              "link_s": ring_seconds(n, k, rate)})

@@ -168,8 +168,9 @@ def plot_lab_scaling(result: dict, ax=None):
     sizes = list(dict.fromkeys(r["n"] for r in result["runs"]))
     width = 0.8 / len(rates)
     for i, rate in enumerate(rates):
-        rows = [next(r for r in result["runs"] if r["rate"] == rate and r["n"] == n) for n in sizes]
-        xs = [j + (i - (len(rates) - 1) / 2) * width for j in range(len(sizes))]
+        at = {r["n"]: r for r in result["runs"] if r["rate"] == rate}      # a (hosts, rate) pair may be left out
+        xs = [j + (i - (len(rates) - 1) / 2) * width for j, n in enumerate(sizes) if n in at]
+        rows = [at[n] for n in sizes if n in at]
         ax[0].bar(xs, [r["samples_per_s"] for r in rows], width, label=rate)
         ax[1].bar(xs, [1e3 * (r["step_s"] - r["allreduce_s"]) for r in rows], width, color="0.75",
                   label="rest of the step" if i == 0 else None)
