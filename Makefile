@@ -6,6 +6,9 @@ LAB_PORT ?= 8888
 # Which PyTorch build: auto (CUDA when an NVIDIA GPU is present, else CPU), cpu or cuda. `make TORCH=cpu setup`.
 TORCH ?= auto
 PYTEST_ARGS ?=
+# `make test` runs on this many pytest-xdist workers (each file, notebook, and the lab tests together, on one
+# worker; docs/testing.md). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 # Horovod's Keras integration needs tf-keras (Keras 2): chosen before TensorFlow is imported (docs/install.md).
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
@@ -21,7 +24,7 @@ lab: setup
 # Every tier this machine can run (docs/testing.md): unit tests, the linter, engines, the lab (as root), the browser
 # test, every notebook (nbval). The slowest 25 tests are listed at the end.
 test: setup
-	$(PY) -m pytest -p no:cacheprovider --durations=25 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
 		$(PYTEST_ARGS) tests notebooks
 
 # For editing and before every commit: the linter, then every test without engines, lab, browser or notebooks.

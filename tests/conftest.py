@@ -1,5 +1,6 @@
 """Shared fixtures: every test that starts processes must leave none behind; the suite leaves no temp files."""
 import inspect
+import json
 import os
 import re
 import shutil
@@ -15,13 +16,22 @@ import pytest
 # their __autograph_generated_file*.py; this keeps them (and anything else a killed process leaves) out of the
 # system temp dir. What escapes it (a hard-coded /tmp path) is still caught by the check below; the kit's own
 # clean-up (one scratch folder per cluster, swept after SIGKILL) is tested directly in tests/test_cleanup.py.
+# Under pytest-xdist (`make test` runs two workers) the controller makes the folder and its workers share it: it
+# is removed, and the system temp dir checked, once, by the controller.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 SYSTEM_TMP = tempfile.gettempdir()
-for _old in os.listdir(SYSTEM_TMP):      # a session that crashed (SIGSEGV, SIGKILL) could not remove its folder
+if XDIST_WORKER and os.path.basename(SYSTEM_TMP).startswith("kit-test-session-"):
+    SESSION_TMP, SYSTEM_TMP = SYSTEM_TMP, os.path.dirname(SYSTEM_TMP)
+else:
+    XDIST_WORKER = None
+# A session that crashed (SIGSEGV, SIGKILL) could not remove its folder: the next one does.
+for _old in os.listdir(SYSTEM_TMP) if not XDIST_WORKER else ():
     _parts = _old.split("-")
     if _old.startswith("kit-test-session-") and len(_parts) > 4 and _parts[3].isdigit() \
             and not psutil.pid_exists(int(_parts[3])) and os.stat(os.path.join(SYSTEM_TMP, _old)).st_uid == os.getuid():
         shutil.rmtree(os.path.join(SYSTEM_TMP, _old), ignore_errors=True)
-SESSION_TMP = tempfile.mkdtemp(prefix=f"kit-test-session-{os.getpid()}-", dir=SYSTEM_TMP)
+if not XDIST_WORKER:
+    SESSION_TMP = tempfile.mkdtemp(prefix=f"kit-test-session-{os.getpid()}-", dir=SYSTEM_TMP)
 os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = SESSION_TMP
 
@@ -92,12 +102,38 @@ def lab_process(pid: str) -> bool:
         return False
 
 
+def _foreign(res: dict[str, list[str]], mine: set[int]) -> bool:
+    """Whether a live process outside this one's tree owns this lab (a notebook, or the other pytest-xdist worker,
+    running beside): not ours to find left behind. Its owner record is written first and removed last."""
+    from kit.netlab import lab
+    for path in res.get("owner", []) + [os.path.join(d, "owner.json") for d in res.get("tmp", [])]:
+        try:
+            owner = json.load(open(path))
+            if owner["pid"] not in mine and lab._start_time(owner["pid"]) == owner["start"]:
+                return True
+        except (OSError, ValueError, KeyError):
+            pass
+    return False
+
+
 def lab_leftovers() -> dict[str, list]:
-    """Return every kit lab resource on this machine: namespaces, links, /etc/netns and temp dirs, processes."""
+    """Return every kit lab resource on this machine but those of labs another live process (not this one or its
+    children) owns: namespaces, links, /etc/netns and temp dirs, owner records, and the labs' processes."""
     from kit import netlab
-    res = netlab.lab._kit_resources() if is_root() else {}
     procs = [p for p in os.listdir("/proc") if p.isdigit() and lab_process(p)]
-    return {"resources": sorted(res.items()), "processes": procs}
+    res = netlab.lab._kit_resources() if is_root() else {}
+    mine = {os.getpid()} | descendants()
+    foreign = {n for n, r in res.items() if _foreign(r, mine)}
+    dirs = [d for n in foreign for d in res[n].get("tmp", [])]
+    procs = [p for p in procs if not any(_cmdline_has(p, d) for d in dirs)]
+    return {"resources": sorted(i for i in res.items() if i[0] not in foreign), "processes": procs}
+
+
+def _cmdline_has(pid: str, text: str) -> bool:
+    try:
+        return text.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return False
 
 # ------------------------------------------------------------------ tiers: markers from what a test uses
 # `make test` runs every tier this machine can run; `make test-fast` deselects the marked ones (docs/testing.md).
@@ -167,6 +203,38 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.skip(reason=ROOT_REASON))
 
 
+# ------------------------------------------------------------------ two workers (pytest-xdist)
+# `make test` runs on TEST_WORKERS pytest-xdist workers. The unit of work one worker takes is a file: a notebook's
+# cells run in order in one kernel, and a module's shared engines (cluster3) or lab serve the whole module. Every
+# file with lab tests is one unit together ("lab"), since those tests time shaped links. The longest units go
+# first (the lab's, then the main notebooks), so that the run does not end on one worker finishing a long one.
+# (pytest-xdist's own --dist loadgroup cannot do this here: under pytest 9 its xdist_group marks do not reach the
+# scheduler, whose node ids it rewrites, so each test of a group went its own way.)
+def _lab_files(root: str) -> set[str]:
+    tests = os.path.dirname(os.path.abspath(__file__))
+    return {os.path.relpath(os.path.join(tests, f), root) for f in os.listdir(tests)
+            if f.startswith("test_") and f.endswith(".py") and USES["lab"].search(open(os.path.join(tests, f)).read())}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    lab_files = _lab_files(str(config.rootpath))
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "lab" if path in lab_files else path
+
+        def _assign_work_unit(self, node):
+            first = sorted(self.workqueue, key=lambda unit: (unit != "lab", not re.match(r"notebooks/\d+_", unit)))
+            self.workqueue.move_to_end(first[0], last=False)
+            super()._assign_work_unit(node)
+
+    return ByFile(config, log)
+
+
 # ------------------------------------------------------------------ nothing left in the system temp dir
 _TMP_BEFORE: set[str] = set()
 
@@ -190,6 +258,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     Another program of the same user writing to the same temp dir meanwhile shows up here too: run the check alone
     (CI does), or set KIT_SKIP_TMP_CHECK=1 on a shared machine."""
+    if XDIST_WORKER:
+        return
     left = sum(len(files) + len(dirs) for _, dirs, files in os.walk(SESSION_TMP))
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
     session.config.get_terminal_writer().line(f"\nremoved the suite's temp dir ({left} entries left in it)")

@@ -15,6 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import is_root, lab_process
 from conftest import lab_leftovers as leftovers
@@ -401,4 +402,6 @@ def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
         assert not rank_pids(lab, "h1") and not rank_pids(lab, "h2")
     assert_clean()
     assert ssh_home_state() == ssh_before, "the user's ~/.ssh changed"
-    assert set(glob.glob("/tmp/prted.*")) == sessions, "a lab host's Open MPI daemon left its folder in /tmp"
+    # A folder whose daemon still runs is another job's (a notebook's lab, beside this test under two workers).
+    left = [d for d in set(glob.glob("/tmp/prted.*")) - sessions if not psutil.pid_exists(int(d.rsplit(".", 1)[1]))]
+    assert not left, f"a lab host's Open MPI daemon left its folder in /tmp: {left}"

@@ -207,7 +207,13 @@ class Cluster:
         try:
             return async_result.get(timeout=0 if deadline is not None else None)
         except (RemoteError, EngineError) as e:
-            if self.poll_dead():
+            # ipyparallel may call an engine dead (missed heartbeats: one the OOM killer is reclaiming stalls) a
+            # moment before its process is gone: give the process a few seconds to end before calling it alive.
+            names = {type(e).__name__, getattr(e, "ename", "")} | {x[0] for x in getattr(e, "elist", []) if x}
+            until = time.time() + (10 if "EngineError" in names else 0)
+            while not self.poll_dead() and time.time() < until:
+                time.sleep(0.2)
+            if self.dead:
                 raise self._died_error() from e
             if self.stall is not None:
                 raise StallError(self.stall.message()) from e
