@@ -206,8 +206,8 @@ def pytest_collection_modifyitems(items):
 # ------------------------------------------------------------------ two workers (pytest-xdist)
 # `make test` runs on TEST_WORKERS pytest-xdist workers. The unit of work one worker takes is a file: a notebook's
 # cells run in order in one kernel, and a module's shared engines (cluster3) or lab serve the whole module. Every
-# file with lab tests is one unit together ("lab"), since those tests time shaped links. The longest units go
-# first (the lab's, then the main notebooks), so that the run does not end on one worker finishing a long one.
+# file with lab tests is one unit together ("lab"), since those tests time shaped links; it goes first (the
+# longest), then files and notebooks in collection order.
 # (pytest-xdist's own --dist loadgroup cannot do this here: under pytest 9 its xdist_group marks do not reach the
 # scheduler, whose node ids it rewrites, so each test of a group went its own way.)
 def _lab_files(root: str) -> set[str]:
@@ -228,8 +228,8 @@ def pytest_xdist_make_scheduler(config, log):
             return "lab" if path in lab_files else path
 
         def _assign_work_unit(self, node):
-            first = sorted(self.workqueue, key=lambda unit: (unit != "lab", not re.match(r"notebooks/\d+_", unit)))
-            self.workqueue.move_to_end(first[0], last=False)
+            if "lab" in self.workqueue:
+                self.workqueue.move_to_end("lab", last=False)
             super()._assign_work_unit(node)
 
     return ByFile(config, log)

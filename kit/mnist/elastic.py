@@ -25,7 +25,10 @@ from kit import scratch
 from kit.mnist.model import REPO, TRAIN
 
 PAUSE = 1.0           # s without a finished batch that counts as a pause of training (an epoch's end takes less)
-GLOO_TIMEOUT = 10      # s: how long survivors wait in a collective for a peer behind a cut link (Horovod's is 30)
+# s: how long survivors wait in a collective for a peer behind a cut link (Horovod's default is 30). It also bounds
+# the rendezvous after a reset, where a survivor waits for a restarted worker's TensorFlow to start: 10 s was too
+# short on a busy 2-core machine (notebook 04 beside the lab's tests: "Wait timeout after 10 seconds for key(s)").
+GLOO_TIMEOUT = 20
 DRIVER_GRACE = 30      # s horovodrun gets to exit after rank 0 printed DONE; then it is stopped (see run_on_lab)
 DONE = "done: elastic training ended"      # what the training script's rank 0 prints when training returned
 
