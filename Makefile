@@ -24,8 +24,8 @@ lab: setup
 # Every tier this machine can run (docs/testing.md): unit tests, the linter, engines, the lab (as root), the browser
 # test, every notebook (nbval). The slowest 25 tests are listed at the end.
 test: setup
-	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 --nbval-lax --nbval-current-env --nbval-cell-timeout=900 \
-		$(PYTEST_ARGS) tests notebooks
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 \
+		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 $(PYTEST_ARGS) tests notebooks
 
 # For editing and before every commit: the linter, then every test without engines, lab, browser or notebooks.
 test-fast: setup

@@ -1,6 +1,5 @@
 """Shared fixtures: every test that starts processes must leave none behind; the suite leaves no temp files."""
 import inspect
-import json
 import os
 import re
 import shutil
@@ -102,38 +101,18 @@ def lab_process(pid: str) -> bool:
         return False
 
 
-def _foreign(res: dict[str, list[str]], mine: set[int]) -> bool:
-    """Whether a live process outside this one's tree owns this lab (a notebook, or the other pytest-xdist worker,
-    running beside): not ours to find left behind. Its owner record is written first and removed last."""
-    from kit.netlab import lab
-    for path in res.get("owner", []) + [os.path.join(d, "owner.json") for d in res.get("tmp", [])]:
-        try:
-            owner = json.load(open(path))
-            if owner["pid"] not in mine and lab._start_time(owner["pid"]) == owner["start"]:
-                return True
-        except (OSError, ValueError, KeyError):
-            pass
-    return False
-
-
 def lab_leftovers() -> dict[str, list]:
     """Return every kit lab resource on this machine but those of labs another live process (not this one or its
     children) owns: namespaces, links, /etc/netns and temp dirs, owner records, and the labs' processes."""
-    from kit import netlab
+    from kit.netlab import lab
     procs = [p for p in os.listdir("/proc") if p.isdigit() and lab_process(p)]
-    res = netlab.lab._kit_resources() if is_root() else {}
-    mine = {os.getpid()} | descendants()
-    foreign = {n for n, r in res.items() if _foreign(r, mine)}
+    res = lab._kit_resources() if is_root() else {}
+    mine = {os.getpid()} | descendants()     # a lab's owner record is written first and removed last
+    foreign = {n for n, r in res.items() if lab.live_owner(r) not in (None, *mine)}
     dirs = [d for n in foreign for d in res[n].get("tmp", [])]
-    procs = [p for p in procs if not any(_cmdline_has(p, d) for d in dirs)]
+    procs = [p for p in procs if not any(lab._cmdline_has(p, d) for d in dirs)]
     return {"resources": sorted(i for i in res.items() if i[0] not in foreign), "processes": procs}
 
-
-def _cmdline_has(pid: str, text: str) -> bool:
-    try:
-        return text.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
-    except OSError:
-        return False
 
 # ------------------------------------------------------------------ tiers: markers from what a test uses
 # `make test` runs every tier this machine can run; `make test-fast` deselects the marked ones (docs/testing.md).

@@ -79,17 +79,17 @@ def _kit_resources() -> dict[int, dict[str, list[str]]]:
     return found
 
 
-def _owner_alive(res: dict[str, list[str]]) -> bool:
-    """Return whether the process that made this lab still runs (same pid AND same start time), from its record in
-    OWNERS or, for a lab made before records existed, the owner.json in its dir."""
+def live_owner(res: dict[str, list[str]]) -> int | None:
+    """Return the pid of the process that made this lab if it still runs (same pid AND same start time), from its
+    record in OWNERS or, for a lab made before records existed, the owner.json in its dir; else None."""
     for path in res.get("owner", []) + [os.path.join(d, "owner.json") for d in res.get("tmp", [])]:
         try:
             owner = json.load(open(path))
             if _start_time(owner["pid"]) == owner["start"]:
-                return True
+                return owner["pid"]
         except (OSError, ValueError, KeyError):
             pass
-    return False
+    return None
 
 
 def _start_time(pid: int) -> str | None:
@@ -140,7 +140,7 @@ def _cmdline_has(pid: str, text: str) -> bool:
 
 def sweep() -> list[int]:
     """Remove every lab whose owner process is gone (a crashed kernel); return their numbers."""
-    stale = [i for i, res in _kit_resources().items() if not _owner_alive(res)]
+    stale = [i for i, res in _kit_resources().items() if live_owner(res) is None]
     for i in stale:
         _remove(_kit_resources().get(i, {}))
     return stale
