@@ -5,7 +5,7 @@
 
 Everything the kit starts for that thing (ipyparallel's profile, engines, mpiexec, their TMPDIR, so TensorFlow's
 autograph files too) writes there. A folder whose owner process is gone (SIGKILL, a crashed kernel) is removed by
-the next `make`, as kit.netlab sweeps a dead owner's lab.
+the next `make`, as kit.netlab sweeps a dead owner's lab, and so are the processes still running for it.
 """
 from __future__ import annotations
 
@@ -27,8 +27,40 @@ def _owner_tag(pid: int) -> str | None:
         return None
 
 
+def _processes_of(path: str) -> list:
+    """Return the live processes whose command line or TMPDIR names `path`: what a dead owner started there (an
+    ipyparallel controller and engines, mpiexec and its daemons) and that outlived it, now children of init."""
+    import psutil
+    out = []
+    for p in psutil.process_iter(["cmdline", "environ", "status"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        words = [*(p.info["cmdline"] or []), (p.info["environ"] or {}).get("TMPDIR", "")]
+        if any(path in w for w in words):
+            out.append(p)
+    return out
+
+
+def _end(procs: list, grace: float = 5.0):
+    """SIGTERM `procs`, then SIGKILL what is left after `grace` s."""
+    import psutil
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
 def sweep() -> list[str]:
-    """Remove every scratch folder whose owner process is gone; return their paths."""
+    """Remove every scratch folder whose owner process is gone, ending first the processes it left running there
+    (a SIGKILLed kernel's controller and engines); return the folders' paths."""
     gone = []
     try:
         names = os.listdir(root())
@@ -40,6 +72,7 @@ def sweep() -> list[str]:
             continue
         if _owner_tag(int(parts[1])) != f"{parts[1]}-{parts[2]}":
             path = os.path.join(root(), name)
+            _end(_processes_of(path))
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
     return gone

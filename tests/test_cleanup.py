@@ -39,6 +39,26 @@ def test_a_folder_whose_owner_was_sigkilled_is_swept_by_the_next_make():
         scratch.remove(mine)
 
 
+@pytest.mark.timeout(300)
+def test_a_sigkilled_kernels_controller_and_engines_are_ended_by_the_next_start(no_leaks):
+    """A kernel SIGKILLed with a cluster up (nbval's kill, a crash) leaves its controller and engines running under
+    init; the next kit.cluster start in any process ends them with the dead owner's folder."""
+    import psutil
+    code = ("import os, signal, kit.cluster as kc; c = kc.start(2, 'gloo', quiet=True); print(c._dir, flush=True); "
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
+    folder = out.stdout.strip()
+    left = scratch._processes_of(folder)
+    assert len(left) >= 3, [p.cmdline() for p in left]             # the controller and two engines outlived it
+    mine = scratch.make("cluster")
+    try:
+        _, alive = psutil.wait_procs(left, timeout=10)
+        assert not alive and not os.path.exists(folder)
+    finally:
+        scratch.remove(mine)
+
+
 @interactive          # sent by value: the engine cannot import this test module
 def _autograph_files():
     import glob

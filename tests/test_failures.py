@@ -37,6 +37,37 @@ def test_a_host_that_cannot_be_reached_is_named_and_nothing_starts(no_leaks, hos
     assert descendants() == before
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(slurm=dict(partion="gpu"), ip="198.18.0.1"), r"slurm= options \['partion'\] unknown: use partition, "),
+    (dict(slurm=True), r"engines in a Slurm job need ip= an address of this machine that the nodes reach"),
+    (dict(slurm=dict(nodes=4), ip="198.18.0.1"), r"n=6 engines do not split evenly over nodes=4"),
+    (dict(slurm=True, hosts="server1:6", ip="198.18.0.1"), r"give hosts= \(SSH\) or slurm= \(a Slurm job\)"),
+])
+def test_slurm_options_that_cannot_work_say_so_before_anything_starts(no_leaks, kwargs, match):
+    before = descendants()
+    with pytest.raises(ValueError, match=match):
+        kc.start(6, "gloo", **kwargs)
+    assert descendants() == before
+
+
+def test_slurm_without_its_clients_says_so_and_nothing_starts(no_leaks, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))          # no sinfo, sbatch, ... here
+    with pytest.raises(kc.ClusterError, match=r"cannot run Slurm's clients \(sinfo: .*is this a Slurm login node"):
+        kc.start(2, "gloo", slurm=dict(partition="gpu"), ip="198.18.0.1", quiet=True)
+
+
+def test_the_engines_batch_script_carries_the_options_and_keeps_braces():
+    from kit.cluster import slurm
+    job, ip = slurm.job_for(dict(partition="gpu", account="proj42", time="00:30:00", nodes=2,
+                                 sbatch=["--gres=gpu:4", "--comment={x}"]), 4, "198.18.0.1")
+    assert ip == "198.18.0.1" and job.per_node() == 2
+    from ipyparallel.util import EvalFormatter
+    text = EvalFormatter().format(job.header())
+    assert text.splitlines() == ["#SBATCH " + o for o in (
+        "--export=ALL", "--no-requeue", "--ntasks=4", "--nodes=2", "--ntasks-per-node=2", "--partition=gpu",
+        "--account=proj42", "--time=00:30:00", "--gres=gpu:4", "--comment={x}")]
+
+
 # ----------------------------------------------------------------------------------- checkpoints and data sets
 def test_unwritable_checkpoint_folder_is_refused_before_training(tmp_path):
     blocker = tmp_path / "a-file"

@@ -16,8 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from ipyparallel import interactive
 from conftest import lab_leftovers
 
+import kit.cluster as kc
 from kit import mnist, netlab
 from kit.netlab import slurm
 
@@ -192,6 +194,124 @@ def test_the_sbatch_mnist_job_trains_on_three_hosts_and_resumes_after_scancel(cl
     assert f"kit-mnist: job {second} (restart 0) on h[1-3], 3 ranks" in out, out[-3000:]
     assert f"resumed from epoch {last}" in out and "on 3 worker(s)" in out.split("done:")[-1], out[-3000:]
     assert "replicas identical: True" in out, out[-3000:]
+
+
+# ---------------------------------------------------------------------- kit.cluster's engines as a Slurm job
+def engine_pids_alive(c, grace: float = 10) -> list[int]:
+    """Return the engines' pids still running (not zombies: killed ranks wait a moment for init) after `grace` s."""
+    import psutil
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+    deadline = time.time() + grace
+    while (left := [p for p in c._pids.values() if alive(p)]) and time.time() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@needs_root
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_kit_cluster_engines_are_one_slurm_job_with_slurms_ranks(cluster, backend):
+    """kit.cluster.start(slurm=sl): one batch job over the three nodes; ranks, local ranks and hostnames as Slurm
+    (gloo: srun's SLURM_PROCID) or MPI inside the allocation assign them; Horovod sums over all three; the job is
+    visible while it runs, and stop() leaves squeue empty and no engine alive."""
+    _, sl = cluster
+    t0 = time.time()
+    c = kc.start(n=3, backend=backend, slurm=sl, timeout=30, quiet=True)
+    try:
+        print(f"\n{backend}: 3 engines as Slurm job {c.launcher.job_id} in {time.time() - t0:.1f} s")
+        job = c.launcher.job_info()
+        assert [job[k] for k in ("JobState", "NodeList", "NumTasks", "Partition")] == ["RUNNING", "h[1-3]", "3", "lab"]
+        assert job["JobName"].startswith("kit-engines-") and sl.jobs() == [c.launcher.job_id]
+        assert {s.rank: (s.hostname, s.local_rank) for s in c.slots.values()} == {0: ("h1", 0), 1: ("h2", 0),
+                                                                                  2: ("h3", 0)}
+        seen = c.view.apply_sync(where)
+        assert [(h, r) for h, _, _, r in seen] == [("h1", 0), ("h2", 1), ("h3", 2)]
+        assert {j for _, j, _, _ in seen} == {c.launcher.job_id}
+        if backend == "gloo":
+            assert [int(p) for _, _, p, _ in seen] == [0, 1, 2]           # the rank is Slurm's task rank
+    finally:
+        c.stop()
+    assert sl.jobs() == [] and not engine_pids_alive(c)
+
+
+@needs_root
+@pytest.mark.timeout(240)
+def test_a_slurm_job_refused_or_left_pending_is_a_clear_error_and_nothing_stays_queued(cluster):
+    _, sl = cluster
+    with pytest.raises(kc.ClusterError, match=r"Slurm refused the engines' job: .*Invalid partition name"):
+        kc.start(n=3, slurm=dict(cluster=sl, partition="nosuch"), quiet=True)
+    with pytest.raises(kc.ClusterError, match=r"Slurm refused the engines' job: .*Node count specification invalid"):
+        kc.start(n=4, slurm=dict(cluster=sl, nodes=4), quiet=True)
+    with pytest.raises(ValueError, match="do not split evenly"):
+        kc.start(n=4, slurm=sl, quiet=True)
+    assert sl.jobs() == []
+    blocker = sl.run(["sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "sleep 300"], check=True).stdout.strip()
+    try:
+        t0 = time.time()
+        with pytest.raises(kc.ClusterError, match=r"Slurm job \d+ is PENDING \(reason: (Resources|Priority)\).*"
+                                                  r"cancelled, nothing is left queued"):
+            kc.start(n=3, slurm=dict(cluster=sl, queue_timeout=5), quiet=True)
+        print(f"\npending job named and cancelled after {time.time() - t0:.1f} s")
+        assert sl.jobs() == [blocker]
+    finally:
+        sl.run(["scancel", blocker])
+    assert no_jobs_within(sl, 30), sl.jobs()
+
+
+@interactive          # sent by value: the engines cannot import this test module
+def where():
+    import os
+    import socket
+    e = os.environ
+    return socket.gethostname(), e.get("SLURM_JOB_ID"), e.get("SLURM_PROCID"), int(e["KIT_RANK"])
+
+
+@interactive
+def allreduce_after(seconds: float, sleeper: int = 2) -> float:
+    """On an engine: rank `sleeper` sleeps `seconds` first; every rank then sums a one over the job."""
+    import time as t
+
+    import horovod.torch as hvd
+    import torch
+    if hvd.rank() == sleeper:
+        t.sleep(seconds)
+    return hvd.allreduce(torch.ones(1), op=hvd.Sum).item()
+
+
+@needs_root
+@pytest.mark.timeout(300)
+def test_a_node_cut_off_during_a_collective_is_a_dead_rank_named_by_slurm(cluster):
+    """h3's cable pulled while rank 2's engine there is busy and ranks 0, 1 wait in an allreduce: slurmctld stops
+    hearing h3's slurmd, and kit.cluster names rank 2 on h3 from Slurm's node state, before Gloo's own timeout.
+    A new job of 2 engines then runs on the remaining nodes."""
+    lab, sl = cluster
+    c = kc.start(n=3, backend="gloo", slurm=sl, timeout=60, quiet=True)
+    try:
+        assert c.wait(c.view.apply_async(allreduce_after, 0)) == [3.0, 3.0, 3.0]
+        pending = c.view.apply_async(allreduce_after, 600)
+        time.sleep(1)
+        lab.cut("h3")
+        t0 = time.time()
+        with pytest.raises(kc.RankDiedError, match=r"rank 2 died \(node h3 is \S+ in Slurm"):
+            c.wait(pending)
+        print(f"\nrank 2 on the cut h3 named {time.time() - t0:.0f} s after the cut (Gloo's timeout: 60 s)")
+        assert time.time() - t0 < 60
+        c.stop()
+        with kc.start(n=2, backend="gloo", slurm=dict(cluster=sl, nodes=2), timeout=60, quiet=True) as c2:
+            assert sorted(s.hostname for s in c2.slots.values()) == ["h1", "h2"]      # Slurm avoids h3
+            assert c2.wait(c2.view.apply_async(allreduce_after, 0)) == [2.0, 2.0]
+    finally:
+        lab.restore("h3")
+        c.stop()
+    deadline = time.time() + 90                       # ReturnToService=2: h3 comes back once its slurmd answers
+    while sl.nodes() != {"h1": "idle", "h2": "idle", "h3": "idle"} and time.time() < deadline:
+        time.sleep(1)
+    assert sl.nodes() == {"h1": "idle", "h2": "idle", "h3": "idle"} and sl.jobs() == []
 
 
 @pytest.mark.timeout(120)

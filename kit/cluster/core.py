@@ -18,6 +18,7 @@ import time
 
 from kit import env as kit_env, scratch, sysinfo
 from kit.cluster import engines, launchers, remote, stall
+from kit.cluster import slurm as kit_slurm
 from kit.cluster.devices import plan_devices
 from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, Slot, assign_slots, launcher
 
@@ -53,7 +54,9 @@ def engine_env(slot: Slot, *, gpus: list[str], threads: int, timeout: float, fol
     return {k: str(v) for k, v in env.items()}
 
 
-def _check_args(n, backend, timeout):
+def _check_args(n, backend, timeout, hosts=None, slurm=None):
+    if hosts is not None and slurm is not None:
+        raise ValueError("give hosts= (SSH) or slurm= (a Slurm job), not both: Slurm chooses the hosts")
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a whole number of engines >= 1, got {n!r}: e.g. kit.cluster.start(n=2)")
     if backend not in LAUNCHERS:
@@ -66,12 +69,13 @@ class Cluster:
     """N engines as one job. Use `kit.cluster.start(...)` to make one."""
 
     def __init__(self, n=2, backend="gloo", *, timeout=DEFAULT_TIMEOUT, devices="auto", share_gpus=False,
-                 threads=None, mpiexec=None, hosts=None, ip=LOCALHOST, quiet=False):
-        _check_args(n, backend, timeout)
-        if hosts is None:
+                 threads=None, mpiexec=None, hosts=None, slurm=None, ip=LOCALHOST, quiet=False):
+        _check_args(n, backend, timeout, hosts, slurm)
+        if hosts is None and slurm is None:
             self.hosts, self.launcher = None, launcher(backend, ip=ip, mpiexec=mpiexec)
-        else:            # engines on other hosts, over SSH: "server1:4,server2:4" or a kit.netlab lab
-            self.hosts, ip, self.launcher = remote.launcher_for(backend, hosts, n, ip, mpiexec)
+        else:  # engines on other hosts: over SSH ("server1:4,server2:4" or a kit.netlab lab), or one Slurm job
+            how, where = (remote, hosts) if slurm is None else (kit_slurm, slurm)
+            self.hosts, ip, self.launcher = how.launcher_for(backend, where, n, ip, mpiexec)
         self.launcher.check()
         if not self.hosts:  # all n engines on this host: fail before starting anything
             plan_devices(sysinfo.visible_gpus(), n, devices, share_gpus)
@@ -119,7 +123,7 @@ class Cluster:
             self._ipp.start_cluster_sync(n=self.n)
             self.client = self._ipp.connect_client_sync()
             stall.forward_interrupts(self.client, lambda: self._watch)   # %%px's stop button: see kit.cluster.stall
-            self.client.wait_for_engines(self.n, timeout=max(60, self.timeout), interactive=False)
+            self.launcher.wait_for_engines(self.client, self.n, timeout=max(60, self.timeout))
             self._setup_engines()
             self._procs = self._new_processes()
             self._watch_engines()
@@ -138,13 +142,7 @@ class Cluster:
             return
         self._stopped = True
         _LIVE.discard(self)
-        if self._stop_w is not None:
-            try:
-                os.write(self._stop_w, b"x")  # end the watcher thread (it closes its own fds)
-            except OSError:
-                pass
-            os.close(self._stop_w)
-            self._stop_w = None
+        self._stop_w = engines.end_watch(self._stop_w)
         if self._watch is not None:
             self._watch.stop()
         procs = dict(self._procs) or self._new_processes()  # start may have failed half-way
@@ -344,7 +342,8 @@ def start(n: int = 2, backend: str = "gloo", **kwargs) -> Cluster:
     when too few), share_gpus (let several engines share a GPU), threads (framework threads per engine;
     default cores // engines per host), mpiexec (path), hosts ("server1:4,server2:4": engines over MPI -H
     or ipyparallel SSH engines; or a kit.netlab lab: n // len(lab.hosts) engines on each of its hosts, servers
-    on lab.addr, the lab's ssh), ip (the address servers bind; default 127.0.0.1, needed otherwise with hosts),
-    quiet.
+    on lab.addr, the lab's ssh), slurm (engines as one Slurm job: a kit.netlab.slurm cluster, or options such as
+    dict(partition=, account=, time=, nodes=, sbatch=[...]); see kit.cluster.slurm), ip (the address servers
+    bind; default 127.0.0.1, needed otherwise with hosts or slurm), quiet.
     """
     return Cluster(n, backend, **kwargs).start()

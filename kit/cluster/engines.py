@@ -11,13 +11,21 @@ import threading
 
 # ----------------------------------------------------------------------------------- run on the engines
 def engine_identity():
-    """Return this engine's host, pid and (under mpiexec) its MPI rank, local rank and local size."""
+    """Return this engine's host, pid, (under mpiexec) its MPI rank, local rank and local size, (under srun) its
+    Slurm task rank and local rank, and (KIT_ROUTE_TO set) the interface its route to that address leaves by."""
     import os
+    import re
     import socket
+    import subprocess
     e = os.environ
     mpi = {k: int(e[v]) for k, v in (("rank", "OMPI_COMM_WORLD_RANK"), ("local_rank", "OMPI_COMM_WORLD_LOCAL_RANK"),
                                      ("local_size", "OMPI_COMM_WORLD_LOCAL_SIZE")) if v in e}
-    return {"host": socket.gethostname(), "pid": os.getpid(), "mpi": mpi}
+    slurm = {k: int(e[v]) for k, v in (("rank", "SLURM_PROCID"), ("local_rank", "SLURM_LOCALID")) if v in e}
+    out = {"host": socket.gethostname(), "pid": os.getpid(), "mpi": mpi, "slurm": slurm}
+    if e.get("KIT_ROUTE_TO"):
+        route = subprocess.run(["ip", "-o", "route", "get", e["KIT_ROUTE_TO"]], capture_output=True, text=True)
+        out["route_iface"] = (re.findall(r"\bdev (\S+)", route.stdout) or [""])[0]
+    return out
 
 
 def engine_setup(env):
@@ -210,3 +218,13 @@ def watch_deaths(pids: dict[int, int], on_death) -> int | None:
                     pass
     threading.Thread(target=watch, daemon=True, name="kit-engine-watch").start()
     return stop_w
+
+
+def end_watch(stop_w: int | None) -> None:
+    """End a watch_deaths thread through its pipe (the thread closes its own fds); return None."""
+    if stop_w is not None:
+        try:
+            os.write(stop_w, b"x")
+        except OSError:
+            pass
+        os.close(stop_w)

@@ -75,6 +75,10 @@ class Launcher:
     def configure(self, ipp_cluster):
         """Choose ipyparallel's engine-set launcher and its options on a not yet started ipp.Cluster."""
 
+    def wait_for_engines(self, client, n: int, timeout: float):
+        """Wait until n engines have registered with the controller (TimeoutError after `timeout` s)."""
+        client.wait_for_engines(n, timeout=timeout, interactive=False)
+
     def rank_order(self, info: dict[int, dict]) -> list[int]:
         """Return the engine ids in the order ranks are given ({eid: _engine_identity()})."""
         return sorted(info)

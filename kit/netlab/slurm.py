@@ -121,9 +121,13 @@ class Slurm:
         self.stop()
 
     def host_cmd(self, host: str, *cmd: str) -> list[str]:
-        """Return the command line that runs `cmd` in `host`'s network namespace with its hostname."""
-        return ["nsenter", f"--net=/run/netns/{self.lab.ns(host)}", "unshare", "--uts", "sh", "-c",
-                f'hostname {host} && exec "$@"', "sh", *cmd]
+        """Return the command line that runs `cmd` in `host`'s network namespace with its hostname and the lab's
+        /etc/hosts (`ip netns exec` bind-mounts /etc/netns/NS/hosts; nsenter does not, and Horovod's Gloo
+        segfaulted in hvd.init() where the host's own name did not resolve). The bind mount lives in a private
+        mount namespace of its own (unshare --mount), so this machine's /etc/hosts is untouched."""
+        ns = self.lab.ns(host)
+        return ["nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "--mount", "sh", "-c",
+                f'mount --bind /etc/netns/{ns}/hosts /etc/hosts && hostname {host} && exec "$@"', "sh", *cmd]
 
     def _daemon(self, name: str, host: str, *cmd: str):
         with open(os.path.join(self.dir, f"{name}.out"), "w") as out:
