@@ -1,4 +1,4 @@
-"""torchrun across 3 lab hosts (kit.comm.torchrun, notebook 05 section 8): the DDP job on one node per host with the
+"""torchrun across 3 lab hosts (kit.bench.torchrun, notebook 05 section 8): the DDP job on one node per host with the
 c10d rendezvous on h1, and a host cut mid-run: torchrun's elastic restart carries on with 2 nodes from the last
 checkpoint and finishes; never a hang, nothing left on the hosts.
 
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from kit import netlab
-from kit.comm import torchrun
+from kit.bench import torchrun
 
 
 def test_a_cut_host_must_not_be_the_rendezvous_host():
@@ -27,7 +27,7 @@ def test_the_command_is_the_same_on_every_host():
                             max_restarts=3)
     assert argv[:6] == ["torchrun", "--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                         "--rdzv-endpoint=198.18.0.2:29400", "--rdzv-id=kit"]
-    assert "--max-restarts=3" in argv and argv[argv.index("-m") + 1] == "kit.comm.torchrun"
+    assert "--max-restarts=3" in argv and argv[argv.index("-m") + 1] == "kit.bench.torchrun"
 
 
 @pytest.fixture(scope="module")
