@@ -41,7 +41,7 @@ def _processes_of(path: str) -> list:
     return out
 
 
-def _end(procs: list, grace: float = 5.0):
+def end(procs: list, grace: float = 5.0):
     """SIGTERM `procs`, then SIGKILL what is left after `grace` s."""
     import psutil
     for p in procs:
@@ -72,7 +72,7 @@ def sweep() -> list[str]:
             continue
         if _owner_tag(int(parts[1])) != f"{parts[1]}-{parts[2]}":
             path = os.path.join(root(), name)
-            _end(_processes_of(path))
+            end(_processes_of(path))
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
     return gone

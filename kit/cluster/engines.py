@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import threading
 
+from kit import scratch
+
 
 # ----------------------------------------------------------------------------------- run on the engines
 def engine_identity():
@@ -127,18 +129,7 @@ def reap(procs: dict[int, float], grace: float = 5.0):
                 alive.append(p)
         except psutil.Error:
             pass
-    for p in alive:
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    scratch.end(alive, grace)
 
 
 def kernel_log() -> list[tuple[float, str]] | None:
