@@ -250,7 +250,8 @@ def test_a_slurm_job_refused_or_left_pending_is_a_clear_error_and_nothing_stays_
     with pytest.raises(ValueError, match="do not split evenly"):
         kc.start(n=4, slurm=sl, quiet=True)
     assert sl.jobs() == []
-    blocker = sl.run(["sbatch", "--parsable", "-N3", "--exclusive", "--wrap", "sleep 300"], check=True).stdout.strip()
+    blocker = sl.run(["sbatch", "--parsable", "-N3", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 300"],
+                     check=True).stdout.strip()                  # -o: no slurm-N.out in the working directory
     try:
         t0 = time.time()
         with pytest.raises(kc.ClusterError, match=r"Slurm job \d+ is PENDING \(reason: (Resources|Priority)\).*"
