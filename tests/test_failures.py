@@ -61,7 +61,7 @@ def test_the_engines_batch_script_carries_the_options_and_keeps_braces():
     job, ip = slurm.job_for(dict(partition="gpu", account="proj42", time="00:30:00", nodes=2,
                                  sbatch=["--gres=gpu:4", "--comment={x}"]), 4, "198.18.0.1")
     assert ip == "198.18.0.1" and job.per_node() == 2
-    from ipyparallel.util import EvalFormatter
+    from IPython.utils.text import EvalFormatter     # what ipyparallel formats batch scripts with
     text = EvalFormatter().format(job.header())
     assert text.splitlines() == ["#SBATCH " + o for o in (
         "--export=ALL", "--no-requeue", "--ntasks=4", "--nodes=2", "--ntasks-per-node=2", "--partition=gpu",
