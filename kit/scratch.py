@@ -20,7 +20,17 @@ def root() -> str:
 
 
 def _owner_tag(pid: int) -> str | None:
-    import psutil
+    """Return "pid-start" for a live process, start = its start time in clock ticks since boot (/proc/PID/stat).
+    Not psutil's create_time: that is boot time + ticks in wall-clock seconds, and a step of the wall clock (a VM
+    whose clock is adjusted) changed it between two processes, so a live owner looked dead and its engines were
+    ended (a failed dry run: every engine of a running cluster exited at once)."""
+    try:
+        return f"{pid}-{open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}"
+    except OSError:
+        pass
+    if os.path.exists("/proc/self/stat"):
+        return None                                 # Linux, and no such process
+    import psutil                                   # elsewhere (macOS): the best there is
     try:
         return f"{pid}-{int(psutil.Process(pid).create_time())}"
     except psutil.Error:
