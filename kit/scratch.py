@@ -19,22 +19,29 @@ def root() -> str:
     return os.path.join(tempfile.gettempdir(), f"kit-scratch-{os.getuid()}")
 
 
-def _owner_tag(pid: int) -> str | None:
-    """Return "pid-start" for a live process, start = its start time in clock ticks since boot (/proc/PID/stat).
-    Not psutil's create_time: that is boot time + ticks in wall-clock seconds, and a step of the wall clock (a VM
-    whose clock is adjusted) changed it between two processes, so a live owner looked dead and its engines were
-    ended (a failed dry run: every engine of a running cluster exited at once)."""
+def started(pid: int) -> int | None:
+    """Return when process `pid` started, in clock ticks since boot (/proc/PID/stat), or None if there is no such
+    process: with the pid, a name for one process that pid reuse cannot fake. Not psutil's create_time: that is
+    boot time + ticks in wall-clock seconds, and a step of the wall clock (a VM whose clock is adjusted) changed it
+    between two reads, so a live owner looked dead and its engines were ended (a failed dry run: every engine of a
+    running cluster exited at once), and a cluster's stop skipped engines it should have ended."""
     try:
-        return f"{pid}-{open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[19]}"
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
     except OSError:
         pass
     if os.path.exists("/proc/self/stat"):
         return None                                 # Linux, and no such process
     import psutil                                   # elsewhere (macOS): the best there is
     try:
-        return f"{pid}-{int(psutil.Process(pid).create_time())}"
+        return int(psutil.Process(pid).create_time() * 100)
     except psutil.Error:
         return None
+
+
+def _owner_tag(pid: int) -> str | None:
+    """Return "pid-start" for a live process (start: `started`), None for a dead one."""
+    t = started(pid)
+    return None if t is None else f"{pid}-{t}"
 
 
 def _processes_of(path: str) -> list:

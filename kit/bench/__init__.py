@@ -24,6 +24,15 @@ BENCHES = {name: f"kit.bench.{name}:bench" for name in
            ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab", "ddp")}
 
 
+_T0 = time.monotonic()
+
+
+def say(message: str):
+    """Print one progress line on stderr, `[  12.3 s] message` (seconds since the benchmark started): a long run
+    shows where it is, and a run that stops moving shows where it stopped (stdout keeps the results)."""
+    print(f"[{time.monotonic() - _T0:7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
 def machine() -> dict:
     """Return what the numbers were measured on."""
     return {"cpu_cores": sysinfo.cpu_cores(), "gpus": sysinfo.gpus(), "platform": platform.platform(),
@@ -37,6 +46,7 @@ def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False) -> st
     if tiny and "tiny" not in inspect.signature(bench).parameters:
         raise ValueError(f"benchmark {name!r} has no --tiny setting: run it with --quick")
     out_dir.mkdir(parents=True, exist_ok=True)
+    say(f"{name}: {'tiny' if tiny else 'quick' if quick else 'full'} run")
     t0 = time.time()
     result, summary = bench(out_dir, quick, tiny=True) if tiny else bench(out_dir, quick)
     doc = {"benchmark": name, "quick": quick, "tiny": tiny, "seconds": round(time.time() - t0, 1), "machine": machine(),

@@ -19,6 +19,7 @@ from kit.comm.ring import Traffic, allreduce, allreduce_fused, allreduce_naive
 from kit.plots.style import LABELS
 
 IMPLS = ("ring", "naive", "torch", "horovod")
+CALL_TIMEOUT = 600      # s: the longest one call on the engines may take (the full run's largest is a few seconds)
 NAIVE_N1 = "naive, N+1 ranks (rank 0 = server)"
 
 
@@ -133,11 +134,22 @@ def horovod_restart(**settings) -> dict:
 
 
 # ----------------------------------------------------------------------------------- the experiments
+def _call(view, f, *args, **kwargs):
+    """view.apply_sync(f, ...), bounded: an engine stuck in a collective is an error that names the call, not a
+    benchmark that prints nothing for ever."""
+    from ipyparallel.error import TimeoutError as IPPTimeout
+    try:
+        return view.apply_async(f, *args, **kwargs).get(timeout=CALL_TIMEOUT)
+    except IPPTimeout:
+        raise TimeoutError(f"{f.__name__}{args} did not return from the engines within {CALL_TIMEOUT} s: a rank is "
+                           f"stuck (restart the cluster)") from None
+
+
 def measure(view, impl: str, sizes, reps: int = 3, label: str | None = None) -> list[dict]:
     """Time `impl` on every engine of `view` for each size; one record per size (slowest rank, median of reps)."""
     n, records = len(view), []
     for nbytes in sizes:
-        per_rank = view.apply_sync(time_allreduce, impl, int(nbytes), reps)
+        per_rank = _call(view, time_allreduce, impl, int(nbytes), reps)
         seconds = float(np.median(np.max([r["seconds"] for r in per_rank], axis=0)))
         records.append({"impl": label or impl, "n": n, "bytes": int(nbytes), "seconds": seconds,
                         "algbw": nbytes / seconds, "busbw": busbw(nbytes, seconds, n),
@@ -156,7 +168,7 @@ def fusion_table(view, count: int = 100, numel: int = 1024, reps: int = 2, impls
     """Return {impl: {"one_by_one": s, "fused": s}} for `count` tensors of `numel` float32 (slowest rank)."""
     out = {}
     for impl in impls:
-        per_rank = view.apply_sync(time_fusion, impl, count, numel, reps)
+        per_rank = _call(view, time_fusion, impl, count, numel, reps)
         out[impl] = {mode: max(r[mode] for r in per_rank) for mode in ("one_by_one", "fused")}
     return out
 
@@ -174,7 +186,7 @@ def sweep_mpi(message_sizes, reps: int = 3, count: int = 100, numel: int = 1024,
         records = measure(mpi.view, "horovod", message_sizes, reps, label="Horovod (MPI)")
         hvd = lambda: fusion_table(mpi.view, count, numel, fusion_reps, ("horovod",))["horovod"]  # noqa: E731
         fusion = {"Horovod (MPI)": hvd()}
-        mpi.view.apply_sync(horovod_restart, cycle_time=10)
+        _call(mpi.view, horovod_restart, cycle_time=10)
         fusion["Horovod (MPI), cycle 10 ms"] = hvd()
     return records, fusion
 
@@ -184,7 +196,7 @@ def fusion_gloo(view, count: int = 100, numel: int = 1024, reps: int = 2) -> dic
     fusion off (this restarts Horovod on the engines: once per job, see `horovod_restart`)."""
     f = fusion_table(view, count, numel, reps)
     out = {"kit ring": f["ring"], "Horovod (Gloo)": f["horovod"]}
-    view.apply_sync(horovod_restart, fusion_threshold=0)
+    _call(view, horovod_restart, fusion_threshold=0)
     out["Horovod (Gloo), fusion off"] = fusion_table(view, count, numel, reps, ("horovod",))["horovod"]
     return out
 
@@ -216,16 +228,25 @@ K_MODEL = 16 << 20      # the message size of the cost-model points
 def experiment(size: str = "full") -> dict:
     """Run every allreduce experiment of notebook 03 at the benchmark's settings; return the results."""
     from kit import cluster as kc
+    from kit.bench import say
     s = SETTINGS[size]
     goal = min(64 << 20, s["hi"])
     grid = sorted({*sizes(4 << 10, s["hi"], s["factor"]), goal})
+    say("allreduce: starting 2 gloo engines")
     with kc.start(n=2, backend="gloo", quiet=True) as c:
         c.init_process_group()
+        say(f"allreduce: {', '.join(IMPLS)} at {len(grid)} sizes")
         records = sweep(c.view, grid, s["reps"])
+        say("allreduce: ping-pong (alpha, B)")
         ab = costmodel.measure_alpha_beta(c, repeats=s["pingpong"][0], rounds=s["pingpong"][1])
+        say(f"allreduce: fusion of {s['count']} tensors (kit ring, Horovod Gloo, then fusion off)")
         fusion = fusion_gloo(c.view, s["count"], reps=s["fusion_reps"])
+    say("allreduce: Horovod over MPI (2 engines of their own)")
     mpi_records, mpi_fusion = sweep_mpi(grid, s["reps"], s["count"], fusion_reps=s["fusion_reps"])
+    if s["ranks"]:
+        say(f"allreduce: kit ring and naive at N = {', '.join(map(str, s['ranks']))}")
     points = scaling(K_MODEL if size != "tiny" else goal, s["reps"], s["ranks"])
+    say("allreduce: figures")
     return {"records": records + mpi_records, "ab": ab, "fusion": {**fusion, **mpi_fusion}, "points": points,
             "goal": goal, "count": s["count"], "K_model": K_MODEL if size != "tiny" else goal}
 

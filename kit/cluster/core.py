@@ -85,7 +85,7 @@ class Cluster:
         self.gpus: list[str] = []        # the GPU ids handed out by local rank ([] = engines run on the CPU)
         self.dead: dict[int, str] = {}   # rank -> how it died (see poll_dead), first death first
         self._ipp = self._profile = self._dir = self._watch = None
-        self._procs: dict[int, float] = {}
+        self._procs: dict[int, int] = {}
         self._pids: dict[int, int] = {}
         self._stop_w = None
         self._before: dict[int, float] = {}
@@ -292,9 +292,9 @@ class Cluster:
 
     def _how_it_died(self, rank: int) -> str:
         pid = self._pids[rank]
-        return f"engine {self.engine_of(rank)} (pid {pid}) {engines.how_it_died(pid, self._procs.get(pid, 0.0))}"
+        return f"engine {self.engine_of(rank)} (pid {pid}) {engines.how_it_died(pid, self._procs.get(pid, 0))}"
 
-    def _new_processes(self) -> dict[int, float]:
+    def _new_processes(self) -> dict[int, int]:
         return {p: c for p, c in engines.descendants().items() if p not in self._before}
 
     def _died_error(self, lost=None) -> RankDiedError:

@@ -106,27 +106,25 @@ def install_ipython_hook(explain):
     get_ipython().run_line_magic("pxconfig", "--progress-after -1")
 
 
-def descendants() -> dict[int, float]:
-    """Return {pid: create time} of every process below this one."""
+def descendants() -> dict[int, int]:
+    """Return {pid: start time (kit.scratch.started)} of every process below this one."""
     import psutil
     out = {}
     for p in psutil.Process().children(recursive=True):
-        try:
-            out[p.pid] = p.create_time()
-        except psutil.Error:
-            pass
+        t = scratch.started(p.pid)
+        if t is not None:
+            out[p.pid] = t
     return out
 
 
-def reap(procs: dict[int, float], grace: float = 5.0):
-    """Terminate, then kill, every process in {pid: create_time} still alive (create_time guards pid reuse)."""
+def reap(procs: dict[int, int], grace: float = 5.0):
+    """Terminate, then kill, every process in {pid: start time} still alive (the start time guards pid reuse)."""
     import psutil
     alive = []
-    for pid, created in procs.items():
+    for pid, t in procs.items():
         try:
-            p = psutil.Process(pid)
-            if abs(p.create_time() - created) < 1e-3:
-                alive.append(p)
+            if scratch.started(pid) == t:
+                alive.append(psutil.Process(pid))
         except psutil.Error:
             pass
     scratch.end(alive, grace)
@@ -157,14 +155,13 @@ def kernel_log() -> list[tuple[float, str]] | None:
     return records
 
 
-def how_it_died(pid: int, started: float = 0.0, log: list[tuple[float, str]] | None = None) -> str:
-    """Return how process `pid` (started at epoch time `started`) ended, for a RankDiedError: "was killed by the
-    kernel's OOM killer: out of memory ..." when the kernel log says so after its start ("Killed process PID" /
-    "oom-kill:...pid=PID"), else "exited"."""
+def how_it_died(pid: int, started: int = 0, log: list[tuple[float, str]] | None = None) -> str:
+    """Return how process `pid` (started `started` clock ticks after boot: kit.scratch.started) ended, for a
+    RankDiedError: "was killed by the kernel's OOM killer: out of memory ..." when the kernel log says so after its
+    start ("Killed process PID" / "oom-kill:...pid=PID"), else "exited"."""
     import re
-    import psutil
     log = kernel_log() if log is None else log
-    since_boot = started - psutil.boot_time() if started else 0.0
+    since_boot = started / os.sysconf("SC_CLK_TCK")
     oom = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)")
     if log and any(t >= since_boot - 1 and oom.search(message) for t, message in log):
         return ("was killed by the kernel's OOM killer: out of memory (use less memory per engine: smaller "

@@ -23,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from kit import scratch
 from kit.cluster import engines
 from kit.cluster.launchers import LOCALHOST, ClusterError, GlooLauncher, MPILauncher, gloo_env
 
@@ -191,20 +192,20 @@ class _RemoteMixin:
             engines.reap(_processes_mentioning(self.profile_dir))
 
 
-def _processes_mentioning(text: str) -> dict[int, float]:
-    """Return {pid: create time} of the processes whose command line contains `text`, and their MPI daemons."""
+def _processes_mentioning(text: str) -> dict[int, int]:
+    """Return {pid: start time} of the processes whose command line contains `text`, and their MPI daemons."""
     import psutil
     out = {}
-    for p in psutil.process_iter(["cmdline", "create_time"]):
+    for p in psutil.process_iter(["cmdline"]):
         if p.pid != os.getpid() and text in " ".join(p.info["cmdline"] or []):
-            out[p.pid] = p.info["create_time"]
+            out[p.pid] = scratch.started(p.pid)
             try:
                 parent = p.parent()
                 if parent and parent.name().startswith(("prted", "orted")):
-                    out[parent.pid] = parent.create_time()
+                    out[parent.pid] = scratch.started(parent.pid)
             except psutil.Error:
                 pass
-    return out
+    return {pid: t for pid, t in out.items() if t is not None}
 
 
 def ssh_engine_set_launcher():
