@@ -126,7 +126,7 @@ TIERS = {
 # What in a test's source (or its fixtures') puts it in a tier; checked in this order, a test gets every match.
 USES = {
     "browser": re.compile(r"selenium|webdriver|chromedriver"),
-    "lab": re.compile(r"netlab\.start|\blab_fixture\b|\bwith_lab\b|mnist_lab|kit\.bench network|run_on_lab"),
+    "lab": re.compile(r"netlab\.start|\blab_fixture\b|\bwith_lab\b|kit\.bench network|run_on_lab"),
     "engines": re.compile(r"\bstart\(|ipp\.Cluster|horovodrun|mpirun|mpiexec|run_script|bench\.main|\"kit\.bench\"|"
                           r"Popen|subprocess\.run|spawn|no_leaks|cluster\d?\b|launch\("),
 }

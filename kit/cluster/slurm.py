@@ -169,19 +169,19 @@ class _SlurmMixin:
         """Wait until the job runs and all n engines registered; a job still pending after the queue timeout, or
         one that ended, is cancelled and is a ClusterError with Slurm's state and reason."""
         queue_timeout = self.job.queue_timeout if self.job.queue_timeout is not None else timeout
-        t0, started = time.time(), None
+        t0, started = time.monotonic(), None
         while len(client.ids) < n:
             info = self.job_info()
             state = info.get("JobState", "")
             if state == "RUNNING" and started is None:
-                started = time.time()
-            if state in GONE or (started is None and time.time() - t0 > queue_timeout) or \
-                    (started is not None and time.time() - started > timeout):
+                started = time.monotonic()
+            if state in GONE or (started is None and time.monotonic() - t0 > queue_timeout) or \
+                    (started is not None and time.monotonic() - started > timeout):
                 job_id = self.job_id
                 self.stop()
                 why = (f"is {state} (reason: {info.get('Reason', '?')})" if state else "is gone") \
                     if state != "RUNNING" else f"runs but only {len(client.ids)} of {n} engines registered"
-                raise ClusterError(f"Slurm job {job_id or '?'} {why} after {time.time() - t0:.0f} s; it was "
+                raise ClusterError(f"Slurm job {job_id or '?'} {why} after {time.monotonic() - t0:.0f} s; it was "
                                    f"cancelled, nothing is left queued. Free nodes, another partition "
                                    f"(slurm=dict(partition=...)) or a longer queue_timeout may help.")
             try:
@@ -190,7 +190,8 @@ class _SlurmMixin:
                 pass
 
     def lost_now(self, slots, after: float, every: float = 3.0) -> dict[int, str]:
-        """Every `every` s: ranks on nodes Slurm calls down or not responding, or all of them if the job ended."""
+        """Every `every` s: ranks on nodes Slurm calls down or not responding, or all of them if the job ended.
+        `after` is not waited again: Slurm marks a node so only once it missed slurmctld's own timeout."""
         now = time.monotonic()
         if now < self._next_probe:
             return {}
@@ -217,11 +218,11 @@ class _SlurmMixin:
         if self.job_id:
             for argv in (["scancel"], ["scancel", "-s", "KILL", "--full"]):
                 self.job.query(*argv, self.job_id)
-                deadline = time.time() + 30
+                deadline = time.monotonic() + 30
                 while self.job.query("squeue", "-h", "-j", self.job_id, "-o", "%T").stdout.strip() and \
-                        time.time() < deadline:
+                        time.monotonic() < deadline:
                     time.sleep(0.5)
-                if time.time() < deadline:
+                if time.monotonic() < deadline:
                     break
             else:
                 warnings.warn(f"Slurm job {self.job_id} is still listed by squeue 60 s after scancel", stacklevel=2)

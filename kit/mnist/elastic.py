@@ -145,6 +145,41 @@ def summarize(events: list[dict], t_cut: float | None = None, t_restore: float |
             "finished": any(e["event"] == "end" for e in events)}
 
 
+def check(run: dict, lab=None) -> None:
+    """Raise AssertionError naming each claim of notebook 04's elastic section that `run` (from `run_on_lab`)
+    breaks: the job ran on every host, on the first alone after the cut, then on every host again; after the cut
+    only the first host trained; the survivor lost fewer batches than one commit interval; it carried on within
+    Gloo's timeout (+60 s to re-form); the training finished and learned; the batch count adds up. With `lab`
+    (still up): nothing of the job is left running on its hosts but their sshd."""
+    bad = []
+    batches = [e for e in run["events"] if e["event"] == "batch"]
+    sizes = [e["size"] for e in batches]
+    changes = [s for i, s in enumerate(sizes) if i == 0 or s != sizes[i - 1]]
+    n = len(run["hosts"])
+    if changes != [n, n - 1, n]:
+        bad.append(f"job sizes went {changes}, not {[n, n - 1, n]} (all hosts, one fewer, all again)")
+    after = {e["host"] for e in batches if run["t_cut"] < e["t"] and e["size"] < n}
+    if run["cut"] in after:
+        bad.append(f"the cut host {run['cut']} trained while cut off")
+    if not (len(run["lost_batches"]) == 1 and 0 <= run["lost_batches"][0] < run["commit_every"]):
+        bad.append(f"batches lost at the cut: {run['lost_batches']} (want one loss, below {run['commit_every']})")
+    if run["seconds_to_carry_on"] is None or run["seconds_to_carry_on"] >= GLOO_TIMEOUT + 60:
+        bad.append(f"carried on {run['seconds_to_carry_on']} s after the cut (Gloo's timeout is {GLOO_TIMEOUT} s)")
+    if not run["finished"] or (run["final_accuracy"] or 0) <= 0.5:
+        bad.append(f"finished {run['finished']}, last epoch's accuracy {run['final_accuracy']}")
+    lost = sum(r["lost_batches"] for r in run["resets"])
+    if batches and batches[-1]["done"] != sum(run["batches_at_size"].values()) - lost:
+        bad.append(f"{batches[-1]['done']} batches done, not {sum(run['batches_at_size'].values())} run − {lost} lost")
+    if lab is not None:
+        deadline = time.monotonic() + 20
+        while any((left := lab.job_pids()).values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if any(left.values()):
+            bad.append(f"processes of the job left on the hosts (pids): {left}")
+    if bad:
+        raise AssertionError("this run contradicts the elastic section's lesson:\n- " + "\n- ".join(bad))
+
+
 # ---------------------------------------------------------------------------------- the experiment
 def run_on_lab(lab, cut: str = "h2", cut_after: int = 30, restore_after: int = 40, epochs: int = 8,
                train_samples: int = 4000, batch: int = 32, commit_every: int = 10, timeout: float = 600,

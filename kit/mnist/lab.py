@@ -94,6 +94,30 @@ def scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"), steps: int = 30, skip=
     return {"gradient_bytes": k, "one_worker": one, "runs": runs, "cores": len(os.sched_getaffinity(0))}
 
 
+def check(result: dict) -> None:
+    """Raise AssertionError naming each claim of notebook 04's lab section that `result` (from `scaling`) breaks:
+    every run's gradients crossed its link each step, so the exchange is no faster than the wire allows (tbf's 2 ms
+    burst aside) and shorter than the step holding it; shares, speed-ups and the wire's time follow from the
+    measured numbers; each worker reported its cores."""
+    one, bad = result["one_worker"], []
+    if not (one["n"] == 1 and one["allreduce_s"] == 0 and one["samples_per_s"] > 0 and len(one["cores_busy"]) == 1):
+        bad.append(f"one worker alone: {one}")
+    for r in result["runs"]:
+        at = f"{r['n']} hosts at {r['rate']}"
+        if abs(r["link_s"] - ring_seconds(r["n"], result["gradient_bytes"], r["rate"])) > 1e-9:
+            bad.append(f"{at}: link alone {r['link_s']} s is not 2(N-1)/N x K / B")
+        if not 0.8 * r["link_s"] < r["allreduce_s"] < r["step_s"]:
+            bad.append(f"{at}: the allreduce took {1e3 * r['allreduce_s']:.1f} ms, not between 0.8 x the wire's "
+                       f"{1e3 * r['link_s']:.1f} ms and the step's {1e3 * r['step_s']:.1f} ms")
+        if abs(r["allreduce_share"] - r["allreduce_s"] / r["step_s"]) > 1e-9 or \
+                abs(r["speedup"] - r["samples_per_s"] / one["samples_per_s"]) > 1e-9:
+            bad.append(f"{at}: share or speed-up do not follow from the measured times")
+        if len(r["cores_busy"]) != r["n"]:
+            bad.append(f"{at}: {len(r['cores_busy'])} workers reported their cores, not {r['n']}")
+    if bad:
+        raise AssertionError("this run contradicts the lab section's lesson:\n- " + "\n- ".join(bad))
+
+
 def table(result: dict) -> str:
     """Return the runs as a markdown table: notebook 04 shows it, as docs/benchmarks/mnist_lab.md does."""
     one = result["one_worker"]

@@ -244,11 +244,15 @@ class Lab:
             except OSError:
                 pass
 
+    def job_pids(self) -> dict[str, set[int]]:
+        """Return {host: pids} of what runs on each host but its SSH server and Slurm's daemons: jobs."""
+        keep = {p.pid for p in self._sshd.values()} | self._keep
+        return {h: ns_pids(self.ns(h)) - keep for h in self.hosts}
+
     def kill_jobs(self):
         """Kill everything running on the lab's hosts but their SSH servers and Slurm's daemons (a job gone wrong)."""
-        keep = {p.pid for p in self._sshd.values()} | self._keep
-        for ns in self._n["ns"]:
-            _kill_all(ns_pids(ns) - keep)
+        for pids in self.job_pids().values():
+            _kill_all(pids)
 
     # ------------------------------------------------------------------------------------------- operations
     def set_rate(self, rate: str):
