@@ -191,6 +191,10 @@ def test_notebook_00_runs_clean_in_jupyterlab(no_leaks):
         assert n == want, f"JupyterLab shows {n} code cells, the notebook has {want}"
         errors = {i: f"{o['ename']}: {o['evalue']}" for i, outs in enumerate(state["outputs"])
                   for o in outs if o["output_type"] == "error"}
+        if errors:   # what the learner reads under the cell: engines' tracebacks (%%px) or the kernel's, and stderr
+            shown = {i: [str(o.get("text") or o.get("traceback") or o.get("data", {}).get("text/plain", ""))[-1500:]
+                         for o in state["outputs"][i]] for i in errors}
+            errors = {i: (e, shown[i]) for i, e in errors.items()}
         assert not errors, f"error outputs (code cell index: error): {errors}"
         assert state["counts"] == list(range(1, n + 1)), f"not every code cell ran, in order: {state['counts']}"
         assert state["done"] == {"ok": True}, f"notebook:run-all-cells reported {state['done']}"
