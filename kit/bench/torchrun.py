@@ -83,7 +83,8 @@ def run_on_lab(lab, steps: int = 40, cut: str | None = None, cut_after: int = 10
             f.close()
     outputs = {h: open(os.path.join(folder, f"{h}.log"), errors="replace").read() for h in lab.hosts}
     out = {"events": read_events(events), "exit": exit_codes, "outputs": outputs, "seconds": time.time() - t0,
-           "t_cut": cut_at, "cut": cut, "steps": steps, "nnodes": n}
+           "t_cut": cut_at, "cut": cut, "cut_after": cut_after if cut else None, "ckpt_every": ckpt_every,
+           "steps": steps, "nnodes": n}
     shutil.rmtree(folder, ignore_errors=True)
     return out
 
@@ -98,6 +99,37 @@ def summarize(run: dict) -> dict:
             "resumed_from": [e["resume_step"] for e in starts[1:]],
             "finished": any(e["event"] == "end" for e in ev), "last_step": steps[-1]["step"] if steps else None,
             "final_loss": steps[-1]["loss"] if steps else None}
+
+
+def check(run: dict) -> None:
+    """Raise AssertionError naming each claim of notebook 05's torchrun section that `run` (from `run_on_lab`)
+    breaks. Every run: the hosts that were not cut ended with exit code 0, rank 0 (which logs) sat on h1, the rendezvous
+    host, and the job trained every step and ended. Without a cut: one world of every host, no restart. With a cut:
+    the world went from every host to one fewer, through at least one restart, and the first restart resumed
+    from the last checkpoint (a multiple of `ckpt_every`, from the cut's step to one interval on: rank 0 polls
+    its log and the survivors train until their allreduce times out)."""
+    bad, s, n = [], summarize(run), run["nnodes"]
+    kept = [h for h in run["exit"] if h != run["cut"]]
+    if any(run["exit"][h] != 0 for h in kept):
+        bad.append(f"exit codes {run['exit']}: every host but the cut one should end with 0")
+    if {e.get("host") for e in run["events"]} - {"h1"}:
+        bad.append(f"rank 0 logged from {sorted({e.get('host') for e in run['events']})}, not only h1")
+    if not s["finished"] or s["last_step"] != run["steps"]:
+        bad.append(f"last step {s['last_step']} of {run['steps']}, ended: {s['finished']}")
+    if run["cut"] is None:
+        if s["world_sizes"] != [n] or s["restarts"] != 0:
+            bad.append(f"world sizes {s['world_sizes']} with {s['restarts']} restart(s), not [{n}] with none")
+    else:
+        if s["world_sizes"] != [n, n - 1] or s["restarts"] < 1:
+            bad.append(f"world sizes {s['world_sizes']} with {s['restarts']} restart(s), not {[n, n - 1]} "
+                       "through a restart")
+        every, at = run["ckpt_every"], run["cut_after"]
+        first = s["resumed_from"][0] if s["resumed_from"] else None
+        if first is None or first % every or not at <= first <= at + every:
+            bad.append(f"the first restart resumed from step {first}, not the last checkpoint (a multiple of "
+                       f"{every} from {at}, the cut's step, to {at + every})")
+    if bad:
+        raise AssertionError("this run contradicts the torchrun section's lesson:\n- " + "\n- ".join(bad))
 
 
 # ------------------------------------------------------------------------------- what torchrun runs on each node

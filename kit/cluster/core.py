@@ -85,8 +85,8 @@ class Cluster:
         self.gpus: list[str] = []        # the GPU ids handed out by local rank ([] = engines run on the CPU)
         self.dead: dict[int, str] = {}   # rank -> how it died (see poll_dead), first death first
         self._ipp = self._profile = self._dir = self._watch = None
-        self._procs: dict[int, int] = {}
-        self._pids: dict[int, int] = {}
+        self._procs: dict[int, int] = {}      # pid -> start ticks, of every process the start made
+        self._pids, self._outputs = {}, {}    # rank -> engine pid; engine pid -> its output file (local engines)
         self._stop_w = None
         self._before: dict[int, float] = {}
         self._stopped = True
@@ -109,7 +109,7 @@ class Cluster:
         import ipyparallel as ipp
         if not self._stopped:
             return self
-        self._stopped, self.dead, self._procs, self._pids = False, {}, {}, {}
+        self._stopped, self.dead, self._procs, self._pids, self._outputs = False, {}, {}, {}, {}
         self._before = engines.descendants()
         _LIVE.add(self)
         t0 = time.time()
@@ -119,13 +119,13 @@ class Cluster:
             self._ipp = ipp.Cluster(n=self.n, profile_dir=self._profile, controller_ip=self.ip,
                                     engine_timeout=int(max(60, self.timeout)), log_level=40, parent=None)
             self.launcher.configure(self._ipp)
-            launchers.set_tmpdir(self._ipp.config, os.path.join(self._dir, "tmp"))
+            launchers.set_environment(self._ipp.config, os.path.join(self._dir, "tmp"))
             self._ipp.start_cluster_sync(n=self.n)
             self.client = self._ipp.connect_client_sync()
             stall.forward_interrupts(self.client, lambda: self._watch)   # %%px's stop button: see kit.cluster.stall
             self.launcher.wait_for_engines(self.client, self.n, timeout=max(60, self.timeout))
             self._setup_engines()
-            self._procs = self._new_processes()
+            self._procs, self._outputs = self._new_processes(), engines.output_files(self._ipp)
             self._watch_engines()
             self._check_horovod()
             self._watch = stall.Watch(os.path.join(self._dir, "stall"), self.n, self.timeout)
@@ -292,7 +292,8 @@ class Cluster:
 
     def _how_it_died(self, rank: int) -> str:
         pid = self._pids[rank]
-        return f"engine {self.engine_of(rank)} (pid {pid}) {engines.how_it_died(pid, self._procs.get(pid, 0))}"
+        why = engines.how_it_died(pid, self._procs.get(pid, 0), output=engines.last_output(self._outputs.get(pid, "")))
+        return f"engine {self.engine_of(rank)} (pid {pid}) {why}"
 
     def _new_processes(self) -> dict[int, int]:
         return {p: c for p, c in engines.descendants().items() if p not in self._before}

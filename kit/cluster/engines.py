@@ -6,7 +6,9 @@ the rest runs in the notebook's process.
 from __future__ import annotations
 
 import os
+import re
 import threading
+import time
 
 from kit import scratch
 
@@ -46,6 +48,11 @@ def engine_setup(env):
     if env.get("KIT_STALL_DIR"):
         from kit.cluster import stall
         stall.engine_watch(env["KIT_STALL_DIR"], int(env["KIT_RANK"]))
+    import faulthandler
+    # A crash's report goes to the engine's output file itself, not through a pipe whose reader thread dies with the
+    # process: ipykernel's (fd 2 under %%px; its copy of the file) or the kit's filter below.
+    out = getattr(sys.stderr, "_original_stdstream_copy", None)
+    faulthandler.enable(file=os.dup(2) if out is None else out, all_threads=True)
     from kit.env import quiet_native_stderr
     quiet_native_stderr()   # TensorFlow's C++ start-up lines that TF_CPP_MIN_LOG_LEVEL misses: not under %%px
 
@@ -155,18 +162,65 @@ def kernel_log() -> list[tuple[float, str]] | None:
     return records
 
 
-def how_it_died(pid: int, started: int = 0, log: list[tuple[float, str]] | None = None) -> str:
+def how_it_died(pid: int, started: int = 0, log: list[tuple[float, str]] | None = None, output: str = "") -> str:
     """Return how process `pid` (started `started` clock ticks after boot: kit.scratch.started) ended, for a
     RankDiedError: "was killed by the kernel's OOM killer: out of memory ..." when the kernel log says so after its
-    start ("Killed process PID" / "oom-kill:...pid=PID"), else "exited"."""
+    start ("Killed process PID" / "oom-kill:...pid=PID"), else "exited"; then `output` (its last words), if any."""
+    said = f"; its last output:\n{output}\n" if output else ""
     import re
     log = kernel_log() if log is None else log
     since_boot = started / os.sysconf("SC_CLK_TCK")
     oom = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)")
     if log and any(t >= since_boot - 1 and oom.search(message) for t, message in log):
         return ("was killed by the kernel's OOM killer: out of memory (use less memory per engine: smaller "
-                "batches or model, fewer engines per host)")
-    return "exited"
+                "batches or model, fewer engines per host)" + said)
+    return "exited" + said
+
+
+_IPP_LOG = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \[(IPEngine|KernelNanny)[.\]]")  # ipyparallel's own lines
+
+
+def output_files(ipp_cluster) -> dict[int, str]:
+    """Return {pid: output file} for the engines ipyparallel started on this machine with a file each (not
+    mpiexec's or Slurm's engines, which share one, nor SSH's, whose process here is ssh)."""
+    files = {}
+    for es in list((getattr(ipp_cluster, "engines", None) or {}).values()):
+        for la in list((getattr(es, "launchers", None) or {}).values()):
+            try:
+                if la.output_file and la.pid:
+                    files[la.pid] = la.output_file
+            except AttributeError:
+                pass
+    return files
+
+
+def last_output(path: str, lines: int = 12, settle: float = 2.0) -> str:
+    """Return the end of an engine's output file (from `output_files`), indented, ipyparallel's own log lines left
+    out; after a crash, the lines just before Python's fault handler's report (C++'s "terminate called ..."), the
+    report and the crashing thread's stack. Waits up to `settle` s for the file to stop growing (a crashing
+    process's report may still be arriving); "" without a file."""
+    size, deadline = -1, time.monotonic() + settle
+    try:
+        while size != os.path.getsize(path) and time.monotonic() < deadline:
+            size = os.path.getsize(path)
+            time.sleep(0.2)
+        with open(path, errors="replace") as f:
+            f.seek(max(0, size - 64_000))
+            text = f.read()
+    except OSError:
+        return ""
+    out = [line for line in text.rstrip().splitlines() if not _IPP_LOG.match(line)]
+    fatal = next((i for i, line in enumerate(out) if line.startswith("Fatal Python error")), None)
+    if fatal is None:
+        keep = out[-lines:]
+    else:   # the lines just before (C++'s "terminate called ..."), the report, and the crashing thread, or where
+        #     a thread of C++ crashed (a signal taken by a framework's thread), the last listed: the main thread
+        keep = out[max(0, fatal - 3):fatal + 1]
+        heads = [i for i in range(fatal, len(out)) if out[i].startswith(("Current thread", "Thread 0x"))]
+        cur = next((i for i in heads if out[i].startswith("Current thread")), heads[-1] if heads else len(out))
+        end = next((i for i in range(cur, len(out)) if not out[i].strip()), len(out))
+        keep += out[cur:min(end, cur + lines)]
+    return "\n".join("    " + line for line in keep)
 
 
 def watch_deaths(pids: dict[int, int], on_death) -> int | None:

@@ -53,13 +53,16 @@ def assign_slots(hostnames: dict[int, str]) -> dict[int, Slot]:
     return slots
 
 
-def set_tmpdir(config, tmp: str):
-    """Give every process ipyparallel starts (controller, engines, mpiexec) TMPDIR=tmp (made here)."""
+def set_environment(config, tmp: str):
+    """Give every process ipyparallel starts (controller, engines, mpiexec) TMPDIR=tmp (made here), and Python's
+    fault handler: an engine that crashes (a signal, a C++ abort in a framework) writes the reason and its threads'
+    stacks to its output, which a RankDiedError then quotes."""
     os.makedirs(tmp, exist_ok=True)
-    config.BaseLauncher.environment = {"TMPDIR": tmp}
+    extra = {"TMPDIR": tmp, "PYTHONFAULTHANDLER": "1"}
+    config.BaseLauncher.environment = dict(extra)
     for section in list(config.values()):
         if hasattr(section, "get") and isinstance(section.get("environment"), dict):
-            section.environment = {**section.environment, "TMPDIR": tmp}
+            section.environment = {**section.environment, **extra}
 
 
 class Launcher:
