@@ -163,9 +163,25 @@ def _uses(item) -> str:
     return "\n".join(parts)
 
 
-def pytest_collection_modifyitems(items):
+UI_TEST = "test_notebook_00_runs_clean_in_jupyterlab"   # runs notebook 00 in JupyterLab, checked cells compared
+
+
+def _browser_here() -> bool:
+    import importlib.util
+    return bool((shutil.which("chromium") or shutil.which("chromium-browser")) and shutil.which("chromedriver")
+                and importlib.util.find_spec("selenium"))
+
+
+def pytest_collection_modifyitems(config, items):
     """Mark each test with its tiers (from what it uses); notebook cells get nbval's 900 s cell timeout; tests that
-    need root say so and are skipped for a plain user (never in CI, which is root)."""
+    need root say so and are skipped for a plain user (never in CI, which is root). Notebook 00 runs once: where
+    the JupyterLab test is selected and can run (or must: root), nbval leaves it to that test."""
+    if any(item.name == UI_TEST for item in items) and (_browser_here() or is_root()):
+        nb00 = [item for item in items if type(item).__name__ == "IPyNbCell"
+                and item.path.name == "00_environment.ipynb"]
+        if nb00:
+            config.hook.pytest_deselected(items=nb00)
+            items[:] = [item for item in items if item not in nb00]
     for item in items:
         if type(item).__name__ == "IPyNbCell":
             item.add_marker(pytest.mark.notebook)

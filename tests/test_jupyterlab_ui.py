@@ -4,8 +4,9 @@ nbval checks what a kernel returns; this checks the screen. `scripts/lab.sh` (wh
 copy of notebook 00 on 127.0.0.1; headless Chromium (Debian's chromium + chromium-driver, which `make setup`
 installs when run as root) opens it through selenium and runs `notebook:run-all-cells`. Every code cell must
 have run, in order, with no error output and no stderr output area: neither the kernel's own stderr nor an
-engine's `[stderr:N]` stream under a `%%px` cell. A screenshot is taken into the test's temp dir; the browser,
-the server, its kernel and the temp dir are all gone afterwards.
+engine's `[stderr:N]` stream under a `%%px` cell; the `# NBVAL_CHECK_OUTPUT` cells must print what the
+committed notebook holds (nbval leaves notebook 00 to this test where it runs: tests/conftest.py). A screenshot is
+taken into the test's temp dir; the browser, the server, its kernel and the temp dir are all gone afterwards.
 """
 import json
 import os
@@ -155,6 +156,25 @@ def wait_until(browser, script, ok, seconds, what):
     pytest.fail(f"{what} not within {seconds} s (last: {str(value)[:500]})")
 
 
+def checked_text(outputs) -> list[tuple[str, str]]:
+    """What nbval compares in a `# NBVAL_CHECK_OUTPUT` cell: each stream's text (consecutive chunks of one stream
+    joined, as nbval does) and each result's text/plain, in order."""
+    out = []
+    for o in outputs:
+        if o["output_type"] == "stream":
+            kind, text = o["name"], o["text"]
+        elif o["output_type"] in ("execute_result", "display_data") and "text/plain" in o.get("data", {}):
+            kind, text = o["output_type"], o["data"]["text/plain"]
+        else:
+            continue
+        text = "".join(text) if isinstance(text, list) else text
+        if out and kind in ("stdout", "stderr") and out[-1][0] == kind:
+            out[-1] = (kind, out[-1][1] + text)
+        else:
+            out.append((kind, text))
+    return out
+
+
 def stderr_texts(outputs):
     """Return the stderr the learner would see in one cell's outputs: kernel stderr and engines' [stderr:N]."""
     out = []
@@ -198,6 +218,12 @@ def test_notebook_00_runs_clean_in_jupyterlab(no_leaks):
         assert not errors, f"error outputs (code cell index: error): {errors}"
         assert state["counts"] == list(range(1, n + 1)), f"not every code cell ran, in order: {state['counts']}"
         assert state["done"] == {"ok": True}, f"notebook:run-all-cells reported {state['done']}"
+        # nbval does not run notebook 00 where this test runs (tests/conftest.py): its checked cells are compared here
+        code = [c for c in json.loads((REPO / "notebooks" / NOTEBOOK).read_text())["cells"] if c["cell_type"] == "code"]
+        checked = [i for i, c in enumerate(code) if "".join(c["source"]).startswith("# NBVAL_CHECK_OUTPUT")]
+        differ = {i: (checked_text(state["outputs"][i]), checked_text(code[i]["outputs"])) for i in checked
+                  if checked_text(state["outputs"][i]) != checked_text(code[i]["outputs"])}
+        assert checked and not differ, f"# NBVAL_CHECK_OUTPUT cells differ (index: (now, committed)): {differ}"
         stderr = {i: t for i, outs in enumerate(state["outputs"]) if (t := stderr_texts(outs))}
         assert not stderr, f"stderr shown under code cells (index: text): {json.dumps(stderr)[:3000]}"
         assert state["stderr_areas"] == 0, f"{state['stderr_areas']} stderr output area(s) on screen"
@@ -238,3 +264,13 @@ def test_engines_drop_only_tensorflow_start_up_noise(level, cuda, kept):
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", FILTER_CHILD, written], env=env, capture_output=True, timeout=60)
     assert out.stderr.decode().splitlines() == kept
+
+
+def test_checked_text_is_what_nbval_compares():
+    outs = [{"output_type": "stream", "name": "stdout", "text": ["a\n", "b"]},
+            {"output_type": "stream", "name": "stdout", "text": "c\n"},             # joined with the chunk before
+            {"output_type": "display_data", "data": {"image/png": "...", "text/plain": "<Figure>"}},
+            {"output_type": "stream", "name": "stdout", "text": "d\n"},
+            {"output_type": "display_data", "data": {"image/png": "..."}}]          # no text: nothing to compare
+    assert checked_text(outs) == [("stdout", "a\nbc\n"), ("display_data", "<Figure>"), ("stdout", "d\n")]
+    assert checked_text(outs) != checked_text(outs[:1])
