@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 
 from kit import scratch
 
@@ -167,7 +166,6 @@ def how_it_died(pid: int, started: int = 0, log: list[tuple[float, str]] | None 
     RankDiedError: "was killed by the kernel's OOM killer: out of memory ..." when the kernel log says so after its
     start ("Killed process PID" / "oom-kill:...pid=PID"), else "exited"; then `output` (its last words), if any."""
     said = f"; its last output:\n{output}\n" if output else ""
-    import re
     log = kernel_log() if log is None else log
     since_boot = started / os.sysconf("SC_CLK_TCK")
     oom = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)")
@@ -194,19 +192,15 @@ def output_files(ipp_cluster) -> dict[int, str]:
     return files
 
 
-def last_output(path: str, lines: int = 12, settle: float = 2.0) -> str:
+def last_output(path: str, lines: int = 12) -> str:
     """Return the end of an engine's output file (from `output_files`), indented, ipyparallel's own log lines left
     out; after a crash, the lines just before Python's fault handler's report (C++'s "terminate called ..."), the
-    report and the crashing thread's stack. Waits up to `settle` s for the file to stop growing (a crashing
-    process's report may still be arriving); "" without a file."""
-    size, deadline = -1, time.monotonic() + settle
+    report and the crashing thread's stack (engine_setup points the fault handler at this file, so the report is
+    whole once the process is gone); "" without a file."""
     try:
-        while size != os.path.getsize(path) and time.monotonic() < deadline:
-            size = os.path.getsize(path)
-            time.sleep(0.2)
-        with open(path, errors="replace") as f:
-            f.seek(max(0, size - 64_000))
-            text = f.read()
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 64_000))
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
     out = [line for line in text.rstrip().splitlines() if not _IPP_LOG.match(line)]
