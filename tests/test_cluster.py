@@ -44,6 +44,41 @@ def test_gloo_env_is_what_horovodrun_gives_a_worker():
     assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
 
 
+def test_a_second_rendezvous_never_hands_out_the_first_ones_addresses():
+    """What Gloo and Horovod send the rendezvous server for two hvd.init() in a row (horovod.torch's, then
+    horovod.tensorflow's): each rank PUTs rank_R, GETs its peers' keys, then DELETEs R. In the second round a peer's
+    key is there only once that peer has written it again; in the first, a key stays after its rank is through
+    (a peer may still need it)."""
+    import urllib.error
+    import urllib.request
+    from kit.cluster.launchers import Rendezvous
+
+    def call(method, path, body=None):
+        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/{path}", data=body, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, b""
+
+    server = Rendezvous("127.0.0.1")
+    server.init(list(kc.assign_slots({0: "h", 1: "h"}).values()))
+    try:
+        for scope in ("global", "global_process_set_hash_1"):     # a scope of Horovod's plan, and one it adds
+            assert call("PUT", f"{scope}/rank_0", b"old0")[0] == 200
+            assert call("PUT", f"{scope}/rank_1", b"old1")[0] == 200
+            assert call("DELETE", f"{scope}/0")[0] == 200          # rank 0 is through...
+            assert call("GET", f"{scope}/rank_0") == (200, b"old0")  # ...rank 1 may still read its address
+            assert call("DELETE", f"{scope}/1")[0] == 200
+            assert call("PUT", f"{scope}/rank_0", b"new0")[0] == 200  # round two: rank 0 first
+            assert call("GET", f"{scope}/rank_1")[0] == 404          # not rank 1's old address: wait for its new one
+            assert call("GET", f"{scope}/rank_0") == (200, b"new0")
+            assert call("PUT", f"{scope}/rank_1", b"new1")[0] == 200
+            assert call("GET", f"{scope}/rank_1") == (200, b"new1")
+    finally:
+        server.stop()
+
+
 def test_hosts_are_parsed_like_horovodrun_and_must_add_up():
     assert kc.parse_hosts("server1:4,server2:2", 6, ip="10.0.0.1") == {"server1": 4, "server2": 2}
     with pytest.raises(ValueError, match="6 slots but n=4"):

@@ -120,19 +120,63 @@ def gloo_env(slot: Slot, *, addr: str, port: int, iface: str) -> dict[str, str]:
     return {k: str(v) for k, v in env.items()}
 
 
+def _handler():
+    """Horovod's rendezvous handler, made safe for a second `hvd.init()` in the same engines (horovod.torch's, then
+    horovod.tensorflow's, as notebook 00 does). Each rank writes its address as `rank_R` in each scope (Gloo), and
+    `R`, and says it is through with `DELETE /scope/R` (Horovod's finalize). Upstream then deletes `R` but never
+    `rank_R` in the scopes it adds per process set (nor anything in a scope of its plan when one rank's leaving
+    is forgotten: `do_DELETE` clears every scope's list of leavers when one scope is complete), so the second
+    rendezvous finds the first one's addresses, and a rank that reads a peer's old one before
+    the peer wrote its new one ends in Gloo's "Connect timeout" abort, which kills the engine and then its peers
+    (seen in CI: test_cluster's Keras allreduce after torch's; upstream as horovod/horovod#2839's occasional
+    test_horovod_reinit abort). Here a rank that writes again in a scope it was through with starts a new round
+    there: the keys (`rank_R` and `R`) of every rank that was through are dropped, so each rank waits for its
+    peers' new addresses. Safe because no rank starts a second hvd.init() before the first has ended everywhere
+    (the kit's start ends with an allreduce)."""
+    from horovod.runner.http.http_server import RendezvousHandler
+
+    class KitRendezvousHandler(RendezvousHandler):
+        def do_PUT(self):
+            parts = self.path.split("/")
+            if len(parts) == 3:
+                _, scope, key = parts
+                rank = key.removeprefix("rank_")
+                with self.server.cache_lock:
+                    through = self.server.through.setdefault(scope, set())
+                    if rank in through:         # this rank's next rendezvous here: every key of the last is old
+                        keys = self.server.cache.get(scope, {})
+                        for r in through:
+                            keys.pop(f"rank_{r}", None)
+                            keys.pop(r, None)
+                        through.clear()
+            super().do_PUT()
+
+        def do_DELETE(self):
+            parts = self.path.split("/")
+            if len(parts) == 3:
+                with self.server.cache_lock:
+                    self.server.through.setdefault(parts[1], set()).add(parts[2])
+            super().do_DELETE()         # upstream: its key R goes, or the whole scope once all are through
+
+    return KitRendezvousHandler
+
+
 class Rendezvous:
-    """Horovod's own Gloo rendezvous server (the one `horovodrun --gloo` runs), bound to one address."""
+    """Horovod's own Gloo rendezvous server (the one `horovodrun --gloo` runs), bound to one address, with the
+    handler above."""
 
     def __init__(self, addr: str):
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+        from horovod.runner.http.http_server import RendezvousHTTPServer
         # RendezvousServer.start() listens on every interface; build its HTTP server on `addr` instead.
-        self.httpd = RendezvousHTTPServer((addr, 0), RendezvousHandler, 0)
+        self.httpd = RendezvousHTTPServer((addr, 0), _handler(), 0)
+        self.httpd.through = {}                 # scope -> ranks through with its current round
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="kit-rendezvous")
         self.thread.start()
 
     def init(self, slots: list[Slot]):
         from horovod.runner.common.util.hosts import SlotInfo
+        self.httpd.through = {}
         self.httpd.init([SlotInfo(s.hostname, s.rank, s.local_rank, s.cross_rank, s.size, s.local_size,
                                   s.cross_size) for s in sorted(slots, key=lambda s: s.rank)])
 
