@@ -219,13 +219,15 @@ def within(measured: dict, rate: str, tol=0.10):
 @needs_root
 @pytest.mark.timeout(180)
 def test_measured_rate_matches_the_set_rate_both_ways(no_leaks):
-    with netlab.start(hosts=2, rate="400mbit") as lab:
+    # Rates the measuring processes reach on a busy 2-core machine: at 400mbit a CI run measured 337 Mbit/s (the
+    # other test worker had the cores), a limit of the box, not of the shaper this test checks.
+    with netlab.start(hosts=2, rate="200mbit") as lab:
         first = lab.measure_rate("h1", "h2")
-        lab.set_rate("100mbit")
+        lab.set_rate("50mbit")
         second = lab.measure_rate("h2", "h1")
-    print(f"\n400mbit: {first}\n100mbit: {second}")
-    assert within(first, "400mbit"), first
-    assert within(second, "100mbit"), second
+    print(f"\n200mbit: {first}\n50mbit: {second}")
+    assert within(first, "200mbit"), first
+    assert within(second, "50mbit"), second
 
 
 def can_connect(lab, src, dst, timeout=2) -> bool:
