@@ -24,6 +24,12 @@ import time
 
 PORT = 29400                    # the c10d store, on h1 (inside its namespace)
 RDZV_CONF = "join_timeout=60,last_call_timeout=2,read_timeout=10"
+# Each round of the rendezvous gets a fresh store for the workers (rank 0's worker hosts it). By default torchrun
+# shares the agent's store across restarts, and its keys outlive the round (pytorch/pytorch#135712): after a cut,
+# a restarted worker can read the previous round's address of rank 0 ("Connection refused"), fail, and make the
+# other agent restart too; on a busy machine that chase used up --max-restarts in 3 of 6 runs here.
+ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+       "LOGLEVEL": "WARNING"}
 
 
 def command(lab, *, nnodes: str, steps: int, folder: str, timeout: float, ckpt_every: int, step_sleep: float,
@@ -60,9 +66,7 @@ def run_on_lab(lab, steps: int = 40, cut: str | None = None, cut_after: int = 10
     try:
         for h in lab.hosts:
             logs[h] = open(os.path.join(folder, f"{h}.log"), "w")
-            procs[h] = lab.launch(h, argv, env={"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
-                                                "LOGLEVEL": "WARNING"},
-                                  stdout=logs[h], stderr=subprocess.STDOUT)
+            procs[h] = lab.launch(h, argv, env=ENV, stdout=logs[h], stderr=subprocess.STDOUT)
         waiting = set(lab.hosts) - {cut}                    # a cut host's torchrun never hears the end
         while any(procs[h].poll() is None for h in waiting) and time.time() - t0 < deadline:
             done = [e for e in read_events(events) if e["event"] == "step"]
