@@ -61,3 +61,23 @@ def test_the_gpu_benchmark_refuses_cleanly_without_a_gpu(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "no CUDA GPU" in done.stderr and "GPU host" in done.stderr
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_the_time_vs_n_panel_on_log_axes_draws_every_n_of_the_committed_network_run():
+    """Notebook 03's N = 2..8 figure: plot_times(log=True) on results/network.json puts one tick per N measured,
+    both axes logarithmic, the two model lines and one measured series per implementation in the run."""
+    from matplotlib.figure import Figure
+
+    from kit.plots import network as netplots
+    x = json.loads((KIT.parent / "results" / "network.json").read_text())
+    ax = Figure().subplots()
+    netplots.plot_times(x, max(x["sizes"]), ax, log=True)
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    assert list(ax.get_xticks()) == x["ns"] == [2, 4, 8]
+    impls = {r["impl"] for r in x["rows"]} & set(netplots.STYLE)
+    assert len(ax.get_lines()) == 2 + len(impls)
+    for impl in impls:       # each measured series: the N and seconds of its rows at the largest size
+        pts = netplots.rows(x, impl, max(x["sizes"]))
+        line = next(ln for ln in ax.get_lines() if ln.get_label() == netplots.LABELS[impl])
+        assert list(line.get_xdata()) == [r["N"] for r in pts]
+        assert list(line.get_ydata()) == [1e3 * r["seconds"] for r in pts]

@@ -2,7 +2,6 @@
 parser, and the script under horovodrun (Gloo) and mpirun, killed mid-way and resumed."""
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -182,7 +181,7 @@ def test_script_under_mpirun(tmp_path, no_leaks):
 
 
 @pytest.mark.timeout(900)   # horovodrun/mpirun jobs: minutes on a busy 2-core machine
-def test_killed_run_resumes_from_last_checkpoint_and_skips_a_corrupt_one(tmp_path, no_leaks):
+def test_killed_run_resumes_from_the_last_good_checkpoint_skipping_a_corrupt_one(tmp_path, no_leaks):
     ckpt, total = tmp_path / "ckpt", 40
     # 1. Start a long run and kill the whole job once rank 0 has written two checkpoints.
     p = subprocess.Popen(horovodrun(*TINY, "--epochs", str(total), "--checkpoint-dir", str(ckpt)),
@@ -195,18 +194,17 @@ def test_killed_run_resumes_from_last_checkpoint_and_skips_a_corrupt_one(tmp_pat
     p.wait(timeout=30)
     done = [int(mnist.CKPT_RE.search(c.name)[1]) for c in mnist.list_checkpoints(ckpt)]
     assert len(done) >= 2 and max(done) < total, f"not killed mid-way: checkpoints {done}"
-    last = max(done)
-    # 2. Start again with the same --checkpoint-dir: resumes after the last checkpoint, finishes the job.
-    out = run(horovodrun(*TINY, "--epochs", str(last + 2), "--checkpoint-dir", str(ckpt),
-                         "--json", str(tmp_path / "r.json")))
-    assert f"resumed from epoch {last}" in out
-    assert [h["epoch"] for h in json.loads((tmp_path / "r.json").read_text())["history"]] == [last + 1, last + 2]
-    # 3. A corrupt newest checkpoint: warned about, and the previous good one is used.
-    newest = mnist.list_checkpoints(ckpt)[-1]
+    # 2. The newest checkpoint made corrupt (a disk that filled up, a copy cut short), then started
+    #    again with the same --checkpoint-dir: warned about, the one before it is used, and the job finishes. (The
+    #    newest good checkpoint resumed across hosts: test_netlab's killed-and-resumed, Gloo and MPI.)
+    *_, before, newest = mnist.list_checkpoints(ckpt)
     newest.write_bytes(b"half a checkpoint")
-    out = run(horovodrun(*TINY, "--epochs", str(last + 3), "--checkpoint-dir", str(ckpt)))
-    assert "WARNING: ignoring corrupt checkpoint" in out and f"resumed from epoch {last + 1}" in out
-    assert re.search(rf"epoch +{last + 2}/{last + 3}", out) and "replicas identical: True" in out
+    good, last = int(mnist.CKPT_RE.search(before.name)[1]), max(done)
+    out = run(horovodrun(*TINY, "--epochs", str(last + 1), "--checkpoint-dir", str(ckpt),
+                         "--json", str(tmp_path / "r.json")))
+    assert "WARNING: ignoring corrupt checkpoint" in out and f"resumed from epoch {good}" in out, out[-3000:]
+    history = [h["epoch"] for h in json.loads((tmp_path / "r.json").read_text())["history"]]
+    assert history == list(range(good + 1, last + 2)) and "replicas identical: True" in out, out[-3000:]
 
 
 # ----------------------------------------------------------------------------------- GPU pinning (notebook 04)

@@ -350,21 +350,49 @@ def launch_past_stalls(lab, argv, ckpt=None, attempts=5):
     raise AssertionError(f"{attempts} starts in a row stalled")
 
 
-def finish(proc, timeout, lab=None):
-    """Wait for `proc`; past `timeout`, fail with what was still running on the lab (then kill it)."""
+# Open MPI 5.0.11 (PRRTE 3.0.11), the newest on PyPI: after a rank is SIGKILLed and the others abort on "peer hung
+# up", every rank ends within seconds, but now and then the launcher itself never exits: prterun on h1 and the
+# daemon prted on h2 both wait in their event loops (do_epoll_wait), prted's ssh-attached parent on its pipe, with
+# no rank left: PRRTE's termination of the job is lost (the family of openpmix/prrte#1607). Seen in two full suites
+# here (of the last sessions' dozen or so), never in 10 runs of this step alone (one core kept busy, PRRTE's
+# errmgr/state/odls/plm logs on). What the kill step proves, that the job notices its killed rank, is every rank
+# ending within the bound; a launcher still there LINGER s after its last rank is ended here and said so
+# (docs/netlab.md).
+LINGER = 30
+
+
+def finish(proc, timeout, lab=None, linger=None):
+    """Wait for `proc`; past `timeout`, fail with what was still running on the lab (then kill it). With `linger`
+    (the job's ranks running now): once no rank is left on the lab, the launcher has `linger` s to exit, else it
+    is ended with its daemons, and the exit status returned is None."""
+    deadline, gone_since = time.time() + timeout, None
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        running = what_runs(lab) if lab else ""
-        proc.kill()
-        out, _ = proc.communicate()
-        raise AssertionError(f"the job had not ended {timeout} s later; still running:\n{running}\n"
-                             f"its output:\n{(out or '')[-3000:]}") from None
+        while True:
+            try:
+                out, _ = proc.communicate(timeout=1)
+                return proc.returncode, out
+            except subprocess.TimeoutExpired:
+                pass
+            if linger is not None:
+                gone_since = None if any(rank_pids(lab, h) for h in lab.hosts) else gone_since or time.time()
+                if gone_since is not None and time.time() - gone_since > linger:
+                    running = what_runs(lab)
+                    proc.kill()
+                    out, _ = proc.communicate()
+                    lab.kill_jobs()             # prterun on h1, prted on h2: what the job left
+                    print(f"\nevery rank ended, but Open MPI's launcher was still there {linger} s later (ended "
+                          f"with lab.kill_jobs(); see LINGER):\n{running}")
+                    return None, out
+            if time.time() > deadline:
+                running = what_runs(lab) if lab else ""
+                proc.kill()
+                out, _ = proc.communicate()
+                raise AssertionError(f"the job had not ended {timeout} s later; still running:\n{running}\n"
+                                     f"its output:\n{(out or '')[-3000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return proc.returncode, out
 
 
 @needs_root
@@ -386,10 +414,10 @@ def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
             assert [ln.split(":")[1].strip().split("@")[0] for ln in links] == ["lo", "eth0"], links
         os.kill(on_h2[0], signal.SIGKILL)
         t_kill = time.time()
-        rc, out = finish(p, 300, lab)
+        rc, out = finish(p, 300, lab, linger=LINGER if kind == "mpi" else None)
         print(f"\n{kind}: first checkpoint after {t_kill - t0:.0f} s ({stalls} stalled start(s) ended and "
               f"restarted), job ended {time.time() - t_kill:.0f} s after the kill")
-        assert rc != 0, f"the job did not notice its killed rank:\n{out[-3000:]}"
+        assert rc != 0, f"the job did not notice its killed rank:\n{out[-3000:]}"     # None: ranks ended, see LINGER
         done = [int(mnist.CKPT_RE.search(c.name)[1]) for c in mnist.list_checkpoints(ckpt)]
         assert done and max(done) < total, f"not killed mid-way: checkpoints {done}"
         # 2. Again with the same checkpoint dir: resumes after the last checkpoint and finishes.

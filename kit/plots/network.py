@@ -34,8 +34,9 @@ def link_rate(x: dict) -> float:
     return next(iter(x["links"].values()))["rate_bytes_per_s"]
 
 
-def plot_times(x: dict, K: int, ax):
-    """Time per allreduce at K bytes vs N: measured points, the α–β model's lines (ring and one-server PS)."""
+def plot_times(x: dict, K: int, ax, log: bool = False):
+    """Time per allreduce at K bytes vs N: measured points, the α–β model's lines (ring and one-server PS); `log`:
+    both axes logarithmic (a flat ring and a PS growing ~N read as slopes 0 and 1)."""
     alpha, B = alpha_beta(x)
     ns = np.arange(2, max(x["ns"]) + 1)
     ax.plot(ns, 1e3 * t_comm_ring(ns, K, alpha, B), "-", color="tab:blue", lw=1,
@@ -48,6 +49,10 @@ def plot_times(x: dict, K: int, ax):
                     ls="none" if impl in ("ring", "ps") else ":", label=LABELS[impl])
     ax.set(xlabel="N (hosts, one worker each)", ylabel="ms per allreduce", xticks=x["ns"],
            title=f"K = {human(K)}, links {x['rate']} (α={alpha * 1e6:.0f} µs, B={B / 1e6:.0f} MB/s)")
+    if log:
+        ax.set(xscale="log", yscale="log")
+        ax.set_xticks(x["ns"], [str(n) for n in x["ns"]])
+        ax.minorticks_off()
     ax.legend(fontsize=7)
 
 
