@@ -1,0 +1,104 @@
+"""What limits the kit's ring against torch.distributed's at N hosts on the 1 Gbit/s lab: time, busbw, and the CPU
+the engines and the whole machine spent per call, for torch.distributed's all_reduce and the kit ring at several
+piece sizes (docs/benchmarks/network.md, "Bandwidth"). Root only (it starts a lab).
+
+    python scripts/ring_cpu.py [N ...] [--out results/ring_cpu.json]
+
+Prints one JSON line per measurement, then a one-line summary. About a minute at N = 8 on 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from kit import cluster as kc
+from kit import netlab
+
+K, REPS = 64 << 20, 3
+RUNS = [("torch", 0), ("ring", 4 << 20), ("ring", 1 << 20), ("ring", 16 << 20), ("torch", 0), ("ring", 4 << 20)]
+
+
+def engine(impl: str, nbytes: int, reps: int, piece: int) -> dict:
+    """On each engine: one untimed call, then `reps` timed ones; this process's CPU seconds (all threads) per call."""
+    import time
+
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    from kit.comm.ring import allreduce
+    y = torch.ones(nbytes // 4)
+    run = (lambda: dist.all_reduce(y)) if impl == "torch" else (lambda: allreduce(y, check=False, piece_bytes=piece))
+    run()
+    dist.barrier()
+    p, secs, ok, cpu = psutil.Process(), [], True, 0.0
+    for _ in range(reps):
+        y.fill_(1.0)
+        dist.barrier()
+        c0, t0 = p.cpu_times(), time.perf_counter()
+        run()
+        secs.append(time.perf_counter() - t0)
+        c1 = p.cpu_times()
+        cpu += c1.user - c0.user + c1.system - c0.system
+        ok = ok and bool((y == dist.get_world_size()).all())
+    return {"seconds": secs, "cpu": cpu / reps, "ok": ok}
+
+
+def measure(n: int) -> list[dict]:
+    rows = []
+    with netlab.start(hosts=n, rate="1gbit") as lab:
+        with kc.start(n=n, backend="gloo", hosts=lab, timeout=300, quiet=True) as c:
+            c.init_process_group()
+            for impl, piece in RUNS:
+                m0 = psutil.cpu_times()
+                per_rank = c.wait(c.view.apply_async(engine, impl, K, REPS, piece))
+                m1 = psutil.cpu_times()
+                busy = sum(getattr(m1, f) - getattr(m0, f) for f in ("user", "system", "irq", "softirq", "nice"))
+                idle = m1.idle - m0.idle + m1.iowait - m0.iowait
+                t = float(np.median([max(r["seconds"][i] for r in per_rank) for i in range(REPS)]))
+                rows.append({"impl": impl, "piece_bytes": piece, "N": n, "bytes": K, "seconds": t,
+                             "busbw_share": K / t * 2 * (n - 1) / n / (netlab.parse_rate("1gbit") / 8),
+                             "engine_cpu_s_per_call": sum(r["cpu"] for r in per_rank),
+                             "machine_busy": busy / (busy + idle), "ok": all(r["ok"] for r in per_rank)})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def summary(rows: list[dict]) -> str:
+    return " | ".join(_summary([r for r in rows if r["N"] == n]) for n in sorted({r["N"] for r in rows}))
+
+
+def _summary(rows: list[dict]) -> str:
+    def agg(impl, piece=0):
+        sel = [r for r in rows if r["impl"] == impl and r["piece_bytes"] == piece]
+        return (f"{min(r['busbw_share'] for r in sel):.0%}-{max(r['busbw_share'] for r in sel):.0%} of the link, "
+                f"engines {min(r['engine_cpu_s_per_call'] for r in sel):.2f}-"
+                f"{max(r['engine_cpu_s_per_call'] for r in sel):.2f} CPU s per call")
+    pieces = sorted({r["piece_bytes"] for r in rows if r["impl"] == "ring"})
+    return (f"ring_cpu N={rows[0]['N']}, 64 MB, 1gbit: torch.distributed {agg('torch')}; "
+            + "; ".join(f"kit ring {p >> 20} MB pieces {agg('ring', p)}" for p in pieces)
+            + f"; all sums correct: {all(r['ok'] for r in rows)}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("n", nargs="*", type=int, default=[8], help="hosts, one engine each, one lab per N (default 8)")
+    ap.add_argument("--out", type=Path, default=Path("results/ring_cpu.json"))
+    args = ap.parse_args(argv)
+    if any(n < 2 for n in args.n):
+        ap.error("every N must be at least 2: a ring needs neighbours")
+    t0 = time.time()
+    rows = [r for n in args.n for r in measure(n)]
+    line = summary(rows)
+    args.out.write_text(json.dumps({"rows": rows, "summary": line, "seconds": time.time() - t0,
+                                    "machine": f"{psutil.cpu_count()} cores"}, indent=1) + "\n")
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
