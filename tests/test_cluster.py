@@ -219,10 +219,13 @@ def _threads():
     return os.environ["OMP_NUM_THREADS"], os.environ["CUDA_VISIBLE_DEVICES"]
 
 
+# Two engines with each backend run in notebook 00 on every `make test` (in the browser test, or under nbval where
+# that cannot run): the same Horovod (PyTorch, Keras) and torch.distributed sums. Here the job is 4 engines, which
+# also checks the rank order, the thread split and that every server listens on loopback.
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
-@pytest.mark.parametrize("n", [2, 4])
-def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leaks, backend, n):
+def test_one_job_of_four_for_horovod_torch_keras_and_torch_distributed_on_loopback(no_leaks, backend):
+    n = 4
     want = [(r, n, n * (n + 1) / 2) for r in range(n)]
     with kc.start(n, backend, quiet=True) as c:
         importable(c)
@@ -235,21 +238,19 @@ def test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed(no_leak
         threads = str(max(1, kit.env.cpu_cores() // n))             # cores split evenly between the engines
         cuda = [c.gpus[r % len(c.gpus)] if c.gpus else "" for r in range(n)]   # the device plan, whatever the host
         assert c.view.apply_sync(_threads) == list(zip([threads] * n, cuda))
+        assert_listening_on_loopback_only(backend)
 
 
-@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
-@pytest.mark.parametrize("backend", ["gloo", "mpi"])
-def test_servers_listen_on_loopback_only(no_leaks, backend):
-    with kc.start(2, backend, quiet=True) as c:
-        c.init_process_group()
-        pids = {os.getpid(), *descendants()}
-        listening = [(x.laddr.ip, psutil.Process(x.pid).name()) for x in psutil.net_connections("inet")
-                     if x.status == psutil.CONN_LISTEN and x.pid in pids]
-        assert listening, "expected the controller, rendezvous and gloo listeners"
-        wild = {(ip, name) for ip, name in listening if ip != "127.0.0.1"}
-        # mpi: the ranks talk through shared memory (no TCP transport, no listener); Open MPI 5.0.x's mpiexec
-        # (prterun) binds every address whatever its settings say: open-mpi/ompi#14441 (docs/cluster.md)
-        assert {name for _, name in wild} <= ({"prterun"} if backend == "mpi" else set()), listening
+def assert_listening_on_loopback_only(backend):
+    """The controller, the rendezvous and gloo's listeners bind 127.0.0.1 only."""
+    pids = {os.getpid(), *descendants()}
+    listening = [(x.laddr.ip, psutil.Process(x.pid).name()) for x in psutil.net_connections("inet")
+                 if x.status == psutil.CONN_LISTEN and x.pid in pids]
+    assert listening, "expected the controller, rendezvous and gloo listeners"
+    wild = {(ip, name) for ip, name in listening if ip != "127.0.0.1"}
+    # mpi: the ranks talk through shared memory (no TCP transport, no listener); Open MPI 5.0.x's mpiexec
+    # (prterun) binds every address whatever its settings say: open-mpi/ompi#14441 (docs/cluster.md)
+    assert {name for _, name in wild} <= ({"prterun"} if backend == "mpi" else set()), listening
 
 
 def _allreduce_forever():
