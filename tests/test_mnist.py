@@ -302,7 +302,7 @@ def test_bench_mnist_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
 
 
 def test_lab_scaling_leaves_out_the_pairs_asked_and_its_figure_draws_the_rest(monkeypatch):
-    """kit.mnist.lab.scaling(skip=...) (notebook 04's smoke run leaves out 4 hosts at 1 Gbit/s): the pairs asked for
+    """kit.mnist.lab.scaling(skip=...) (notebook 04 takes LAB_SKIP for it): the pairs asked for
     run in order, the lab's rate is restored, and plot_lab_scaling draws a grid with a gap."""
     from kit.mnist import lab as mlab
     from kit.plots import plot_lab_scaling

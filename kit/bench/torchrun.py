@@ -105,14 +105,21 @@ def summarize(run: dict) -> dict:
             "final_loss": steps[-1]["loss"] if steps else None}
 
 
-def check(run: dict) -> None:
+def check(run: dict, lab=None) -> None:
     """Raise AssertionError naming each claim of notebook 05's torchrun section that `run` (from `run_on_lab`)
     breaks. Every run: the hosts that were not cut ended with exit code 0, rank 0 (which logs) sat on h1, the rendezvous
     host, and the job trained every step and ended. Without a cut: one world of every host, no restart. With a cut:
     the world went from every host to one fewer, through at least one restart, and the first restart resumed
     from the last checkpoint (a multiple of `ckpt_every`, from the cut's step to one interval on: rank 0 polls
-    its log and the survivors train until their allreduce times out)."""
+    its log and the survivors train until their allreduce times out). With `lab` (the run's, still up): no process
+    of the job is left on its hosts."""
     bad, s, n = [], summarize(run), run["nnodes"]
+    if lab is not None:
+        deadline = time.monotonic() + 20                    # a killed process may take a moment to go
+        while (left := {h: p for h, p in lab.job_pids().items() if p}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if left:
+            bad.append(f"the job left processes on the lab's hosts: {left}")
     kept = [h for h in run["exit"] if h != run["cut"]]
     if any(run["exit"][h] != 0 for h in kept):
         bad.append(f"exit codes {run['exit']}: every host but the cut one should end with 0")
