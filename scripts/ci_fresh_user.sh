@@ -50,9 +50,10 @@ grep -q '^setup_env: PyTorch: ' "/tmp/$user-setup.log" \
 rm -f "/tmp/$user-setup.log"
 as_user 'du -sh ~/kit/.venv ~/.cache/pip 2>/dev/null | sed "s|$HOME|~|"'
 # The tests as that user. KIT_CI_FULL=1: the whole `make test` (issue 16's acceptance; the root-only lab tests
-# skip, saying they need root; ~30 min more). Default, to keep CI inside its budget: notebook 00, the cluster's
-# 2-engine gloo and mpi jobs with Horovod, torch.distributed and Keras (the rest of tests/test_cluster.py runs in
-# root's `make test`; here what matters is that a plain user's engines and jobs start at all), and
+# skip, saying they need root; ~30 min more). Default, to keep CI inside its budget: notebook 00 (2-engine gloo
+# and mpi jobs with Horovod, torch.distributed and Keras), the cluster's 4-engine gloo and mpi jobs (the rest of
+# tests/test_cluster.py runs in root's `make test`; here what matters is that a plain user's engines and jobs
+# start at all), and
 # tests/test_kit.py (with PyPI's CUDA torch comes Triton, which segfaulted when loaded after TensorFlow: tensorflow/tensorflow#124205).
 if [ "${KIT_CI_FULL:-0}" = 1 ]; then
   as_user 'cd ~/kit && make test PYTEST_ARGS="-rs"' | tee "/tmp/$user-test.log"
@@ -60,9 +61,9 @@ if [ "${KIT_CI_FULL:-0}" = 1 ]; then
     && { echo "ci_fresh_user: FAIL: a test skipped for a reason other than needing root (above)" >&2; exit 1; }
   rm -f "/tmp/$user-test.log"
 else
-  job=tests/test_cluster.py::test_one_job_of_size_n_for_horovod_torch_keras_and_torch_distributed
+  job=tests/test_cluster.py::test_one_job_of_four_for_horovod_torch_keras_and_torch_distributed_on_loopback
   as_user "cd ~/kit && .venv/bin/python -m pytest -p no:cacheprovider -q --nbval-lax --nbval-current-env \
-           notebooks/00_environment.ipynb tests/test_kit.py '$job[2-gloo]' '$job[2-mpi]'"
+           notebooks/00_environment.ipynb tests/test_kit.py '$job[gloo]' '$job[mpi]'"
 fi
 
 # make lab as that user: it must start and answer on 127.0.0.1, then stop with nothing left

@@ -52,3 +52,13 @@ def test_test_fast_deselects_exactly_the_tiers_the_conftest_applies():
     makefile = (REPO / "Makefile").read_text()
     fast = re.search(r"^test-fast:.*?-m \"not \((.*?)\)\"", makefile, re.M | re.S).group(1)
     assert set(fast.split(" or ")) == set(conftest.TIERS)
+
+
+def test_the_tests_the_plain_user_check_names_exist():
+    """scripts/ci_fresh_user.sh runs some tests by node id: each must still be a test function in its file (a
+    renamed test there makes CI's plain-user check collect nothing and fail)."""
+    script = (REPO / "scripts" / "ci_fresh_user.sh").read_text()
+    named = re.findall(r"(tests/\w+\.py)::(\w+)", script)
+    assert named, "expected the script to name the cluster tests it runs"
+    for path, name in named:
+        assert re.search(rf"^def {name}\(", (REPO / path).read_text(), re.M), f"{path}::{name} is not a test there"
