@@ -221,13 +221,14 @@ def _threads():
 
 # Two engines with each backend run in notebook 00 on every `make test` (in the browser test, or under nbval where
 # that cannot run): the same Horovod (PyTorch, Keras) and torch.distributed sums. Here the job is 4 engines, which
-# also checks the rank order, the thread split and that every server listens on loopback.
+# also checks the rank order, the thread split, that every server listens on loopback, and that an exception
+# inside the with block stops everything (no_leaks).
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_one_job_of_four_for_horovod_torch_keras_and_torch_distributed_on_loopback(no_leaks, backend):
     n = 4
     want = [(r, n, n * (n + 1) / 2) for r in range(n)]
-    with kc.start(n, backend, quiet=True) as c:
+    with pytest.raises(ZeroDivisionError), kc.start(n, backend, quiet=True) as c:
         importable(c)
         assert c.size == n and c.view.targets == list(range(n))
         assert [c.rank_of(e) for e in c.view.targets] == list(range(n))
@@ -239,6 +240,8 @@ def test_one_job_of_four_for_horovod_torch_keras_and_torch_distributed_on_loopba
         cuda = [c.gpus[r % len(c.gpus)] if c.gpus else "" for r in range(n)]   # the device plan, whatever the host
         assert c.view.apply_sync(_threads) == list(zip([threads] * n, cuda))
         assert_listening_on_loopback_only(backend)
+        1 / 0                                                       # the with block ends by an exception
+    assert c._stopped and c.client is None
 
 
 def assert_listening_on_loopback_only(backend):
@@ -285,13 +288,6 @@ def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backe
         assert c.view.apply_sync(_hvd_torch) == [(0, 2, 3.0), (1, 2, 3.0)]
     finally:
         c.stop()
-
-
-@pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
-def test_exception_inside_with_block_stops_everything(no_leaks):
-    with pytest.raises(ZeroDivisionError):
-        with kc.start(2, "gloo", quiet=True):
-            1 / 0
 
 
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine

@@ -279,6 +279,21 @@ def test_sweep_experiment_fits_to_w0_and_one_run_of_the_sweep(fit_workers):
         data.sweep_experiment(None, None, workers=(0, 1, 2), fit_workers=fit_workers)
 
 
+def test_the_table_gives_each_rounds_throughput_and_the_step_times_spread():
+    def run(step_s, steps=6):
+        m = monitor.Monitor(nvml=False)
+        for _ in range(steps):
+            m.record(0.0, step_s, samples=10)
+        return m
+    mons = {0: monitor.merge([run(0.1), run(0.1), run(0.1)]), 2: monitor.merge([run(0.04), run(0.05), run(0.06)])}
+    rows = {r["workers"]: r for r in data.table(mons)}
+    assert [ms for _, ms in rows[2]["rounds"]] == pytest.approx([40, 50, 60], rel=1e-6)
+    assert [s for s, _ in rows[2]["rounds"]] == pytest.approx([250, 200, 166.7], rel=1e-3)
+    assert rows[2]["step_spread"] == pytest.approx(0.02 / 0.05, abs=1e-3) and rows[0]["step_spread"] == 0
+    one = data.table({0: run(0.1)})[0]                          # a single run: one round, no spread
+    assert one["rounds"] == [[one["samples_per_s"], one["step_ms"]]] and one["step_spread"] == 0
+
+
 @pytest.mark.timeout(600)
 def test_bench_loading_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     from kit import bench

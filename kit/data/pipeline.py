@@ -256,13 +256,19 @@ def sweep(dataset, step, workers=(0, 1, 2, 3, 4), steps: int = 40, batch_size: i
 
 
 def table(mons: dict, fit: dict | None = None) -> list[dict]:
-    """Return one row per setting: throughput, busy, wait, step, and (with a fit) predicted step and error."""
+    """Return one row per setting: throughput, busy, wait, step, and (with a fit) predicted step and error. A merged
+    Monitor (from `sweep`'s rounds) also gives each round's samples/s and step ms ("rounds": [[samples/s, ms], ...])
+    and the spread of its step time over the rounds ("step_spread": (max - min) / the merged step)."""
     rows = []
     for w, mon in mons.items():
         st = mon.stats()
+        per_round = [r.stats() for r in getattr(mon, "runs", [])] or [st]
+        steps = [r["step"] for r in per_round]
         row = {"workers": w, "samples_per_s": round(st["samples_per_s"], 1), "busy": round(st["busy"], 3),
                "wait_ms": round(1e3 * st["wait"], 2), "compute_ms": round(1e3 * st["compute"], 2),
-               "step_ms": round(1e3 * st["step"], 2)}
+               "step_ms": round(1e3 * st["step"], 2),
+               "rounds": [[round(r["samples_per_s"], 1), round(1e3 * r["step"], 2)] for r in per_round],
+               "step_spread": round((max(steps) - min(steps)) / st["step"], 3)}
         if fit is not None and isinstance(w, int):
             p = predicted(fit, w)
             row.update(predicted_ms=round(1e3 * p, 2), model_error=round(abs(p - st["step"]) / st["step"], 3))
