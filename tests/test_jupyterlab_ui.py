@@ -156,6 +156,30 @@ def wait_until(browser, script, ok, seconds, what):
     pytest.fail(f"{what} not within {seconds} s (last: {str(value)[:500]})")
 
 
+JS_SCREEN = """const d = document.querySelector('.jp-Dialog');
+return {dialog: d ? d.innerText : null, app: !!window.jupyterapp,
+        tabs: [...document.querySelectorAll('.lm-TabBar-tabLabel')].map(t => t.innerText)};"""
+
+
+def open_notebook(browser, url, tmp, seconds=120, attempts=2):
+    """Open the notebook as the learner does and wait until its kernel is idle. Seen once in a fresh-clone run of the
+    whole suite (the machine fully busy): no notebook kernel 180 s after the page was asked for, with nothing on
+    record to say why; what is on screen and the server's log are now printed, and the page is loaded once more,
+    as a learner would reload it. A notebook that does not open at all still fails."""
+    for attempt in range(1, attempts + 1):
+        browser.get(url)
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if browser.execute_script(JS_KERNEL) == "idle":
+                return
+            time.sleep(2)
+        print(f"\nattempt {attempt}: no idle notebook kernel within {seconds} s; on screen: "
+              f"{browser.execute_script(JS_SCREEN)}; JupyterLab's log (the end):\n"
+              f"{(tmp / 'lab.log').read_text(errors='replace')[-2000:]}")
+    pytest.fail(f"notebook open with an idle kernel not within {attempts} loads of {seconds} s each (above: the "
+                "screen and the server's log)")
+
+
 def checked_text(outputs) -> list[tuple[str, str]]:
     """What nbval compares in a `# NBVAL_CHECK_OUTPUT` cell: each stream's text (consecutive chunks of one stream
     joined, as nbval does) and each result's text/plain, in order."""
@@ -198,8 +222,7 @@ def test_notebook_00_runs_clean_in_jupyterlab(no_leaks):
         proc = start_lab(tmp, port, token)
         wait_for_server(proc, port, token, tmp)
         browser = open_browser(chromium, driver, tmp)
-        browser.get(f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK}?token={token}")
-        wait_until(browser, JS_KERNEL, lambda s: s == "idle", 180, "notebook open with an idle kernel")
+        open_notebook(browser, f"http://127.0.0.1:{port}/lab/tree/{NOTEBOOK}?token={token}", tmp)
         browser.execute_script(JS_RUN_ALL)
         state = wait_until(browser, JS_STATE, lambda s: s["done"] is not None and s["kernel"] == "idle"
                            and not s["running"], RUN_ALL_SECONDS, "Run All Cells finished")
