@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from kit import netlab
 from kit.mnist import elastic
+from kit.netlab import lab as netlab_lab
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,7 +82,9 @@ def test_the_check_passes_the_committed_run_and_names_what_a_broken_one_breaks()
 
 
 class _Lab:
+    """A stand-in with the lab's own wait for leftover jobs (kit.netlab.Lab.jobs_left) over fixed pids."""
     hosts = ["h1", "h2"]
+    jobs_left = netlab.Lab.jobs_left
 
     def __init__(self, left):
         self.left = left
@@ -92,11 +96,13 @@ class _Lab:
 def test_the_check_names_what_a_job_left_on_the_hosts(monkeypatch):
     run = json.loads((REPO / "results" / "elastic.json").read_text())["runs"][0]
     elastic.check(run, _Lab({"h1": set(), "h2": set()}))
-    monkeypatch.setattr(elastic.time, "sleep", lambda s: None)
+    waits = []
+    monkeypatch.setattr(netlab_lab.time, "sleep", waits.append)
     t = iter(range(0, 1000, 5))
-    monkeypatch.setattr(elastic.time, "monotonic", lambda: next(t))
-    with pytest.raises(AssertionError, match=r"left on the hosts \(pids\): \{'h1': set\(\), 'h2': \{4242\}\}"):
+    monkeypatch.setattr(netlab_lab.time, "monotonic", lambda: next(t))
+    with pytest.raises(AssertionError, match=r"left on the hosts \(pids\): \{'h2': \{4242\}\}"):
         elastic.check(run, _Lab({"h1": set(), "h2": {4242}}))
+    assert waits == [0.5] * 3                            # it waited until 20 s of the stand-in clock had passed
 
 
 FAKE_JOB = r'''

@@ -60,12 +60,10 @@ def test_the_check_passes_a_cut_run_and_names_what_a_broken_one_breaks():
 
 
 def test_the_check_with_the_lab_names_what_the_job_left_on_its_hosts(monkeypatch):
-    class Lab:                  # a stand-in: h3 still runs a process of the job
-        def job_pids(self):
-            return {"h1": set(), "h2": set(), "h3": {4242}}
-    monkeypatch.setattr(torchrun.time, "monotonic", iter(range(0, 1000, 30)).__next__)   # no real wait
-    monkeypatch.setattr(torchrun.time, "sleep", lambda s: None)
+    class Lab:                  # a stand-in: h3 still runs a process of the job after the wait
+        def jobs_left(self, seconds=20):
+            return {"h3": {4242}}
     with pytest.raises(AssertionError, match=r"the job left processes on the lab's hosts: \{'h3': \{4242\}\}"):
         torchrun.check(CUT_RUN, Lab())
-    Lab.job_pids = lambda self: {"h1": set(), "h2": set(), "h3": set()}
+    Lab.jobs_left = lambda self, seconds=20: {}
     torchrun.check(CUT_RUN, Lab())

@@ -115,10 +115,7 @@ def check(run: dict, lab=None) -> None:
     of the job is left on its hosts."""
     bad, s, n = [], summarize(run), run["nnodes"]
     if lab is not None:
-        deadline = time.monotonic() + 20                    # a killed process may take a moment to go
-        while (left := {h: p for h, p in lab.job_pids().items() if p}) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if left:
+        if left := lab.jobs_left():
             bad.append(f"the job left processes on the lab's hosts: {left}")
     kept = [h for h in run["exit"] if h != run["cut"]]
     if any(run["exit"][h] != 0 for h in kept):

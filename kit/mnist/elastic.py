@@ -171,10 +171,7 @@ def check(run: dict, lab=None) -> None:
     if batches and batches[-1]["done"] != sum(run["batches_at_size"].values()) - lost:
         bad.append(f"{batches[-1]['done']} batches done, not {sum(run['batches_at_size'].values())} run − {lost} lost")
     if lab is not None:
-        deadline = time.monotonic() + 20
-        while any((left := lab.job_pids()).values()) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if any(left.values()):
+        if left := lab.jobs_left():
             bad.append(f"processes of the job left on the hosts (pids): {left}")
     if bad:
         raise AssertionError("this run contradicts the elastic section's lesson:\n- " + "\n- ".join(bad))

@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 
 from kit.netlab import rate as netlab_rate
 from kit.netlab import ssh as netlab_ssh
@@ -248,6 +249,14 @@ class Lab:
         """Return {host: pids} of what runs on each host but its SSH server and Slurm's daemons: jobs."""
         keep = {p.pid for p in self._sshd.values()} | self._keep
         return {h: ns_pids(self.ns(h)) - keep for h in self.hosts}
+
+    def jobs_left(self, seconds: float = 20) -> dict[str, set[int]]:
+        """Wait up to `seconds` for the jobs on the lab's hosts to end (a killed process may take a moment to go);
+        return {host: pids} of the hosts where some still run, {} when none does."""
+        deadline = time.monotonic() + seconds
+        while (left := {h: p for h, p in self.job_pids().items() if p}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return left
 
     def kill_jobs(self):
         """Kill everything running on the lab's hosts but their SSH servers and Slurm's daemons (a job gone wrong)."""
