@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 
 
 def root() -> str:
@@ -66,13 +67,32 @@ def end(procs: list, grace: float = 5.0):
             p.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
+    for p in _wait(procs, grace):
         try:
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=grace)
+    _wait(procs, grace)
+
+
+def _wait(procs: list, timeout: float) -> list:
+    """Wait up to `timeout` s for `procs` to end; return those still running. A zombie has ended: psutil's
+    wait_procs counts it as alive until its parent reaps it, and an engine's nanny, orphaned when the engine
+    ends, waits for the machine's init to do that (seconds, in a container)."""
+    deadline, left = time.monotonic() + timeout, list(procs)
+    while True:
+        left = [p for p in left if _running(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
+def _running(p) -> bool:
+    import psutil
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE     # a zombie is reaped by its parent, not waited for here
+    except psutil.Error:
+        return False
 
 
 def sweep() -> list[str]:

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 from ipyparallel import interactive
@@ -22,6 +23,26 @@ def test_scratch_folders_live_under_one_kit_folder_in_the_system_temp_dir():
     finally:
         scratch.remove(path)
     assert not os.path.exists(path)
+
+
+def test_end_stops_what_runs_and_counts_a_zombie_as_ended():
+    """A zombie has exited; only its parent can reap it (an orphaned engine nanny's is the machine's init, which
+    may take seconds). scratch.end must not wait for that: a cluster's stop waited ~2 s per stop before."""
+    import psutil
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        zombie = psutil.Process(dead.pid)
+        deadline = time.monotonic() + 60
+        while zombie.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.05)                                  # exited, not yet reaped by us (its parent)
+        assert scratch._wait([zombie, psutil.Process(running.pid)], timeout=0) == [psutil.Process(running.pid)]
+        scratch.end([zombie, psutil.Process(running.pid)], grace=30)
+        assert running.wait(timeout=5) == -signal.SIGTERM and dead.wait(timeout=5) == 0
+    finally:
+        running.kill()
+        running.wait()
+        dead.wait()
 
 
 def test_a_folder_whose_owner_was_sigkilled_is_swept_by_the_next_make():

@@ -151,6 +151,8 @@ class Cluster:
                 self.client.close()
             except Exception:
                 pass
+        if not self.hosts and self.launcher.name == "gloo":
+            engines.terminate(procs)    # all at once: ipyparallel ends them one by one, ~1 s each
         if self._ipp is not None:
             try:
                 self._ipp.stop_cluster_sync()

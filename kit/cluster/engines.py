@@ -123,6 +123,18 @@ def descendants() -> dict[int, int]:
     return out
 
 
+def terminate(procs: dict[int, int]):
+    """SIGTERM every ipyparallel engine in {pid: start time} (kit.scratch.started), and do not wait."""
+    import psutil
+    for pid, t in procs.items():
+        try:
+            p = psutil.Process(pid)
+            if p.cmdline()[1:3] == ["-m", "ipyparallel.engine"] and scratch.started(pid) == t:
+                p.terminate()
+        except (psutil.Error, IndexError):
+            pass
+
+
 def reap(procs: dict[int, int], grace: float = 5.0):
     """Terminate, then kill, every process in {pid: start time} still alive (the start time guards pid reuse)."""
     import psutil

@@ -171,7 +171,8 @@ class Rendezvous:
         self.httpd = RendezvousHTTPServer((addr, 0), _handler(), 0)
         self.httpd.through = {}                 # scope -> ranks through with its current round
         self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True, name="kit-rendezvous")
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,),   # stop() within 0.05 s
+                                       daemon=True, name="kit-rendezvous")
         self.thread.start()
 
     def init(self, slots: list[Slot]):
