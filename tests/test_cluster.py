@@ -240,6 +240,9 @@ def test_one_job_of_four_for_horovod_torch_keras_and_torch_distributed_on_loopba
         cuda = [c.gpus[r % len(c.gpus)] if c.gpus else "" for r in range(n)]   # the device plan, whatever the host
         assert c.view.apply_sync(_threads) == list(zip([threads] * n, cuda))
         assert_listening_on_loopback_only(backend)
+        controller = [p.cmdline() for p in psutil.Process().children(recursive=True)
+                      if "ipyparallel.controller" in p.cmdline()]
+        assert controller and set(kc.core.HEARTBEAT) <= set(controller[0]), controller   # beats every 1 s
         1 / 0                                                       # the with block ends by an exception
     assert c._stopped and c.client is None
 

@@ -24,6 +24,9 @@ from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, Slot, assi
 
 BACKENDS = tuple(LAUNCHERS)
 DEFAULT_TIMEOUT = 60.0
+# The controller counts an engine in at its first heartbeat: every 3 s by default, so a start waited 1.5 s on
+# average for it. Beat every 1 s, and allow 30 missed beats (the default 3 s x 10) before an engine is dropped.
+HEARTBEAT = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=30"]
 
 
 class RankDiedError(ClusterError):
@@ -117,7 +120,8 @@ class Cluster:
             self._dir = scratch.make("cluster")   # profile, engines' TMPDIR, stall watch: removed on stop
             self._profile = os.path.join(self._dir, "profile")
             self._ipp = ipp.Cluster(n=self.n, profile_dir=self._profile, controller_ip=self.ip,
-                                    engine_timeout=int(max(60, self.timeout)), log_level=40, parent=None)
+                                    engine_timeout=int(max(60, self.timeout)), log_level=40, parent=None,
+                                    controller_args=HEARTBEAT)
             self.launcher.configure(self._ipp)
             launchers.set_environment(self._ipp.config, os.path.join(self._dir, "tmp"))
             self._ipp.start_cluster_sync(n=self.n)
