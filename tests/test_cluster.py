@@ -242,7 +242,7 @@ def test_one_job_of_four_for_horovod_torch_keras_and_torch_distributed_on_loopba
         assert_listening_on_loopback_only(backend)
         controller = [p.cmdline() for p in psutil.Process().children(recursive=True)
                       if "ipyparallel.controller" in p.cmdline()]
-        assert controller and set(kc.core.HEARTBEAT) <= set(controller[0]), controller   # beats every 1 s
+        assert controller and set(kc.launchers.HEARTBEAT) <= set(controller[0]), controller   # beats every 1 s
         1 / 0                                                       # the with block ends by an exception
     assert c._stopped and c.client is None
 

@@ -219,15 +219,16 @@ def within(measured: dict, rate: str, tol=0.10):
 @needs_root
 @pytest.mark.timeout(180)
 def test_measured_rate_matches_the_set_rate_both_ways(no_leaks):
-    # Rates the measuring processes reach on a busy 2-core machine: at 400mbit a CI run measured 337 Mbit/s (the
-    # other test worker had the cores), a limit of the box, not of the shaper this test checks.
-    with netlab.start(hosts=2, rate="200mbit") as lab:
+    # Rates the measuring processes reach on a busy 2-core machine: at 400mbit a CI run measured 337 Mbit/s, and at
+    # 200mbit a full make test 174 Mbit/s one way (the other test worker had the cores): a limit of the box, not of
+    # the shaper this test checks. 100mbit and 25mbit are well below what the box streams when busy.
+    with netlab.start(hosts=2, rate="100mbit") as lab:
         first = lab.measure_rate("h1", "h2")
-        lab.set_rate("50mbit")
+        lab.set_rate("25mbit")
         second = lab.measure_rate("h2", "h1")
-    print(f"\n200mbit: {first}\n50mbit: {second}")
-    assert within(first, "200mbit"), first
-    assert within(second, "50mbit"), second
+    print(f"\n100mbit: {first}\n25mbit: {second}")
+    assert within(first, "100mbit"), first
+    assert within(second, "25mbit"), second
 
 
 def can_connect(lab, src, dst, timeout=2) -> bool:

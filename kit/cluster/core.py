@@ -12,6 +12,7 @@ How the engines are started (gloo: plain processes + Horovod's rendezvous server
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import time
@@ -24,9 +25,6 @@ from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, Slot, assi
 
 BACKENDS = tuple(LAUNCHERS)
 DEFAULT_TIMEOUT = 60.0
-# The controller counts an engine in at its first heartbeat: every 3 s by default, so a start waited 1.5 s on
-# average for it. Beat every 1 s, and allow 30 missed beats (the default 3 s x 10) before an engine is dropped.
-HEARTBEAT = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=30"]
 
 
 class RankDiedError(ClusterError):
@@ -121,7 +119,7 @@ class Cluster:
             self._profile = os.path.join(self._dir, "profile")
             self._ipp = ipp.Cluster(n=self.n, profile_dir=self._profile, controller_ip=self.ip,
                                     engine_timeout=int(max(60, self.timeout)), log_level=40, parent=None,
-                                    controller_args=HEARTBEAT)
+                                    controller_args=launchers.HEARTBEAT)
             self.launcher.configure(self._ipp)
             launchers.set_environment(self._ipp.config, os.path.join(self._dir, "tmp"))
             self._ipp.start_cluster_sync(n=self.n)
@@ -151,17 +149,12 @@ class Cluster:
             self._watch.stop()
         procs = dict(self._procs) or self._new_processes()  # start may have failed half-way
         if self.client is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.client.close()
-            except Exception:
-                pass
-        if not self.hosts and self.launcher.name == "gloo":
-            engines.terminate(procs)    # all at once: ipyparallel ends them one by one, ~1 s each
+        self.launcher.end_engines(procs)           # local Gloo engines, all at once (ipyparallel: one by one)
         if self._ipp is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._ipp.stop_cluster_sync()
-            except Exception:
-                pass
         # stop_cluster_sync() can return before every engine has exited (or leave mpiexec's children): reap.
         engines.reap(procs)
         self.launcher.stop()

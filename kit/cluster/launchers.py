@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 
 from kit import env, sysinfo
+from kit.cluster import engines
 
 LOCALHOST = "127.0.0.1"
 
@@ -53,6 +54,11 @@ def assign_slots(hostnames: dict[int, str]) -> dict[int, Slot]:
     return slots
 
 
+# The controller counts an engine in at its first heartbeat: every 3 s by default, so a start waited 1.5 s on
+# average for it. Beat every 1 s, and allow 30 missed beats (the default 3 s x 10) before an engine is dropped.
+HEARTBEAT = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=30"]
+
+
 def set_environment(config, tmp: str):
     """Give every process ipyparallel starts (controller, engines, mpiexec) TMPDIR=tmp (made here), and Python's
     fault handler: an engine that crashes (a signal, a C++ abort in a framework) writes the reason and its threads'
@@ -77,6 +83,9 @@ class Launcher:
 
     def configure(self, ipp_cluster):
         """Choose ipyparallel's engine-set launcher and its options on a not yet started ipp.Cluster."""
+
+    def end_engines(self, procs: dict[int, int]):
+        """Called by Cluster.stop() before ipyparallel's stop, with {pid: start time} of what the start made."""
 
     def wait_for_engines(self, client, n: int, timeout: float):
         """Wait until n engines have registered with the controller (TimeoutError after `timeout` s)."""
@@ -196,6 +205,10 @@ class GlooLauncher(Launcher):
         if self.hosts:
             ipp_cluster.engine_launcher_class = "ssh"
             ipp_cluster.config.SSHEngineSetLauncher.engines = dict(self.hosts)
+
+    def end_engines(self, procs):
+        if not self.hosts:      # SIGTERM every local engine at once: ipyparallel ends them one by one, ~1 s each
+            engines.terminate(procs)
 
     def job_env(self, slots):
         multi_host = len({s.hostname for s in slots.values()}) > 1

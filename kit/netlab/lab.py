@@ -15,6 +15,7 @@ leave nothing behind. The SSH side (keys, sshd, client config) is in kit/netlab/
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import glob
 import json
@@ -84,12 +85,10 @@ def live_owner(res: dict[str, list[str]]) -> int | None:
     """Return the pid of the process that made this lab if it still runs (same pid AND same start time), from its
     record in OWNERS or, for a lab made before records existed, the owner.json in its dir; else None."""
     for path in res.get("owner", []) + [os.path.join(d, "owner.json") for d in res.get("tmp", [])]:
-        try:
+        with contextlib.suppress(OSError, ValueError, KeyError):
             owner = json.load(open(path))
             if _start_time(owner["pid"]) == owner["start"]:
                 return owner["pid"]
-        except (OSError, ValueError, KeyError):
-            pass
     return None
 
 
@@ -102,10 +101,8 @@ def _start_time(pid: int) -> str | None:
 
 def _kill_all(pids: set[int], sig=signal.SIGKILL):
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def ns_pids(ns: str) -> set[int]:
@@ -126,10 +123,8 @@ def _remove(res: dict[str, list[str]]):
     for d in res.get("etc", []) + res.get("tmp", []):
         shutil.rmtree(d, ignore_errors=True)
     for record in res.get("owner", []):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(record)
-        except FileNotFoundError:
-            pass
 
 
 def _cmdline_has(pid: str, text: str) -> bool:
@@ -223,10 +218,8 @@ class Lab:
             return
         self._stopped = True
         for hook in list(self._on_stop):
-            try:
+            with contextlib.suppress(Exception):   # what it left runs in the lab's namespaces: removed below
                 hook()
-            except Exception:                      # what it left runs in the lab's namespaces: removed below
-                pass
         self.kill_jobs()                           # sessions and what they started first, so sshd reaps them
         for p in self._sshd.values():
             p.terminate()
@@ -240,10 +233,8 @@ class Lab:
         _LABS.discard(self)
         with open(LOCK, "w") as lock:             # the owners' folder goes with the last lab, not while one starts
             fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(OWNERS)
-            except OSError:
-                pass
 
     def job_pids(self) -> dict[str, set[int]]:
         """Return {host: pids} of what runs on each host but its SSH server and Slurm's daemons: jobs."""
