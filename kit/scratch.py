@@ -122,8 +122,11 @@ def make(kind: str) -> str:
     return tempfile.mkdtemp(prefix=f"{kind}-{_owner_tag(os.getpid())}-", dir=root())
 
 
-def remove(path: str | None):
-    """Remove a scratch folder (and the root, once empty)."""
+def remove(path: str | None, end_processes: bool = False):
+    """Remove a scratch folder (and the root, once empty); with `end_processes`, first end every process still
+    running there (its command line or TMPDIR in the folder)."""
+    if path and end_processes:
+        end(_processes_of(path))
     if path:
         shutil.rmtree(path, ignore_errors=True)
     try:

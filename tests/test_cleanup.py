@@ -104,4 +104,11 @@ def test_engines_temp_files_land_in_the_clusters_folder_and_go_with_it(no_leaks)
         (tmp, env_tmp, files), = c.view.apply_sync(_autograph_files)
         assert tmp == env_tmp == os.path.join(folder, "tmp")
         assert files and all(f.startswith(tmp) for f in files)
+        # a process of the cluster's that stop()'s list of processes cannot hold (started after it, orphaned)
+        late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                                env=dict(os.environ, TMPDIR=tmp), start_new_session=True)
+    try:
+        assert late.wait(timeout=30) is not None      # ended by stop(): it ran in the cluster's folder
+    finally:
+        late.kill()
     assert not os.path.exists(folder)

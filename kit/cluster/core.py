@@ -158,7 +158,8 @@ class Cluster:
         # stop_cluster_sync() can return before every engine has exited (or leave mpiexec's children): reap.
         engines.reap(procs)
         self.launcher.stop()
-        scratch.remove(self._dir)
+        # and what the list above missed (under load: a controller's scheduler forked after it, then orphaned)
+        scratch.remove(self._dir, end_processes=True)
         self.client = self.view = self._watch = None
 
     def restart(self) -> "Cluster":
