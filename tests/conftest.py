@@ -246,6 +246,26 @@ def _mine(name: str) -> bool:
         return False
 
 
+def _stray_processes(grace: float = 10) -> list[str]:
+    """End and return ('pid: command line') every process still running in the session's temp dir (its TMPDIR or
+    command line in it): one a test left behind, orphaned or not (pytest-xdist's workers have exited by now)."""
+    def stray():
+        out = []
+        for p in psutil.process_iter(["ppid", "cmdline", "environ", "status"]):
+            words = [*(p.info["cmdline"] or []), (p.info["environ"] or {}).get("TMPDIR", "")]
+            if p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE \
+                    and any(SESSION_TMP in w for w in words):
+                out.append(p)
+        return out
+    deadline = time.time() + grace                 # a process ending as the session ends is not left behind
+    while (procs := stray()) and time.time() < deadline:
+        time.sleep(0.5)
+    lines = [f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}" for p in procs]
+    from kit import scratch
+    scratch.end(procs)
+    return lines
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     """Remove the session's temp dir; fail the run if the system temp dir holds anything new of this user's
@@ -255,6 +275,11 @@ def pytest_sessionfinish(session, exitstatus):
     (CI does), or set KIT_SKIP_TMP_CHECK=1 on a shared machine."""
     if XDIST_WORKER:
         return
+    stray = _stray_processes()
+    if stray:
+        session.config.get_terminal_writer().line(
+            f"\nleft running by the test suite ({len(stray)}; ended now):\n" + "\n".join(stray), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
     left = sum(len(files) + len(dirs) for _, dirs, files in os.walk(SESSION_TMP))
     shutil.rmtree(SESSION_TMP, ignore_errors=True)
     session.config.get_terminal_writer().line(f"\nremoved the suite's temp dir ({left} entries left in it)")
