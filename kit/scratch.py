@@ -45,9 +45,9 @@ def _owner_tag(pid: int) -> str | None:
     return None if t is None else f"{pid}-{t}"
 
 
-def _processes_of(path: str) -> list:
-    """Return the live processes whose command line or TMPDIR names `path`: what a dead owner started there (an
-    ipyparallel controller and engines, mpiexec and its daemons) and that outlived it, now children of init."""
+def processes_in(path: str) -> list:
+    """Return the live processes (not this one) whose command line or TMPDIR names `path`: what was started there
+    (an ipyparallel controller and engines, mpiexec and its daemons) and outlived its owner or its stop()."""
     import psutil
     out = []
     for p in psutil.process_iter(["cmdline", "environ", "status"]):
@@ -109,7 +109,7 @@ def sweep() -> list[str]:
             continue
         if _owner_tag(int(parts[1])) != f"{parts[1]}-{parts[2]}":
             path = os.path.join(root(), name)
-            end(_processes_of(path))
+            end(processes_in(path))
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
     return gone
@@ -126,7 +126,7 @@ def remove(path: str | None, end_processes: bool = False):
     """Remove a scratch folder (and the root, once empty); with `end_processes`, first end every process still
     running there (its command line or TMPDIR in the folder)."""
     if path and end_processes:
-        end(_processes_of(path))
+        end(processes_in(path))
     if path:
         shutil.rmtree(path, ignore_errors=True)
     try:

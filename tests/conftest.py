@@ -249,19 +249,11 @@ def _mine(name: str) -> bool:
 def _stray_processes(grace: float = 10) -> list[str]:
     """End and return ('pid: command line') every process still running in the session's temp dir (its TMPDIR or
     command line in it): one a test left behind, orphaned or not (pytest-xdist's workers have exited by now)."""
-    def stray():
-        out = []
-        for p in psutil.process_iter(["ppid", "cmdline", "environ", "status"]):
-            words = [*(p.info["cmdline"] or []), (p.info["environ"] or {}).get("TMPDIR", "")]
-            if p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE \
-                    and any(SESSION_TMP in w for w in words):
-                out.append(p)
-        return out
+    from kit import scratch
     deadline = time.time() + grace                 # a process ending as the session ends is not left behind
-    while (procs := stray()) and time.time() < deadline:
+    while (procs := scratch.processes_in(SESSION_TMP)) and time.time() < deadline:
         time.sleep(0.5)
     lines = [f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}" for p in procs]
-    from kit import scratch
     scratch.end(procs)
     return lines
 

@@ -70,7 +70,7 @@ def test_a_sigkilled_kernels_controller_and_engines_are_ended_by_the_next_start(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     assert out.returncode == -signal.SIGKILL, out.stderr[-2000:]
     folder = out.stdout.strip()
-    left = scratch._processes_of(folder)
+    left = scratch.processes_in(folder)
     assert len(left) >= 3, [p.cmdline() for p in left]             # the controller and two engines outlived it
     mine = scratch.make("cluster")
     try:
