@@ -169,6 +169,16 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def machine_id() -> str:
+    """Return an id of the running kernel (its boot id): the same for every emulated host of a kit.netlab lab,
+    which share one machine's cores, and different on different machines (the host name where there is none)."""
+    try:
+        return open("/proc/sys/kernel/random/boot_id").read().strip()
+    except OSError:
+        import socket
+        return socket.gethostname()
+
+
 def pin_threads(cores) -> set[int]:
     """Pin every thread of this process (and the threads they start later) to `cores`; return the calling
     thread's previous affinity, so that `pin_threads(previous)` undoes it. Linux only."""

@@ -319,3 +319,18 @@ def _mentions(p, text):
         return text in " ".join(p.info["cmdline"] or []) or text in str((p.info["environ"] or {}).values())
     except psutil.Error:
         return False
+
+
+def test_engines_on_one_machine_split_its_cores_whatever_hosts_they_name():
+    from kit.cluster.devices import threads_per_engine
+    lab = {e: {"host": f"h{e + 1}", "cores": 2, "machine": "box"} for e in range(3)}    # 3 lab hosts, one 2-core box
+    assert threads_per_engine(lab) == 1
+    real = {e: {"host": f"node{e // 2}", "cores": 16, "machine": f"m{e // 2}"} for e in range(4)}  # 2 per machine
+    assert threads_per_engine(real) == 8
+    mixed = {**real, 9: {"host": "small", "cores": 4, "machine": "s"}}
+    assert threads_per_engine(mixed) == 4                       # the smallest share: one setting for the job
+    many = {e: {"host": "a", "cores": 2, "machine": "box"} for e in range(8)}
+    assert threads_per_engine(many) == 1                        # never 0
+    from kit.cluster.engines import engine_identity
+    me = engine_identity()
+    assert me["cores"] == kit.env.cpu_cores() and me["machine"] == kit.env.machine_id() != ""

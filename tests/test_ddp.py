@@ -76,7 +76,7 @@ def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
     assert rows["buckets:1048576"]["calls"] == [("all_reduce", K)]        # one bucket, one message
     assert rows["ddp_fp16:256"]["calls"] and sum(b for _, b in rows["ddp_fp16:256"]["calls"]) * 2 == K
     zero = rows["zero"]
-    assert [c for c, _ in zero["calls"]] == ["reduce_scatter_single", "all_gather_single"]
+    assert [c for c, _ in zero["calls"]] == ["reduce_scatter", "all_gather"]   # the ring's two phases
     padded = -(-K // 4 // 3) * 3 * 4
     assert zero["calls"][0][1] == padded and zero["held"]["grads"] == zero["held"]["optimizer"] == padded // 3
     fsdp = rows["fsdp"]["held"]
@@ -185,3 +185,56 @@ def test_counting_records_each_call_and_restores_torch(cluster3):
     importable(cluster3)
     for calls, restored in cluster3.view.apply_sync(_engine_counting):
         assert calls == [("all_reduce", 40), ("all_reduce", 24)] and restored
+
+
+# ----------------------------------------------------------------------------------- the lab's checks (section 8)
+def _lab_run(N: int = 3) -> dict:
+    """A recorded run of `python -m kit.bench ddp_lab` (the committed results), to force each check both ways."""
+    import copy
+    import json
+    from pathlib import Path
+    doc = json.loads((Path(__file__).parent.parent / "results" / "ddp_lab.json").read_text())
+    return copy.deepcopy(next(x for x in doc["runs"] if x["N"] == N))
+
+
+def _claim(x, name):
+    from kit.bench import ddp_lab
+    return next((held, text) for n, held, text in ddp_lab.claims(x) if n == name)
+
+
+def test_the_overlap_check_reads_the_interleaved_rounds_and_says_why_it_failed():
+    x = _lab_run()
+    p = x["paired"]
+    for k, ms in {"local": 20.0, "comm": 60.0, "naive": 80.0, "overlap": 66.0}.items():
+        p[k]["ms"] = ms
+    held, text = _claim(x, "overlap")
+    assert held and "66.0 ms = 1.10× max(compute, comm)" in text and "hid 14.0 of the 20.0 ms" in text
+    p["overlap"]["ms"] = 79.0                               # nothing hidden: compute + comm
+    p["local_sleep"]["ms"], p["overlap_sleep"]["ms"] = 20.0, 62.0          # with free cores: 18 of 20 ms hidden
+    held, text = _claim(x, "overlap")
+    assert not held and "1.32× max" in text
+    assert "the overlap hid 18.0 of the 20.0 ms it could hide: here the cores, not the method" in text
+    p["overlap_sleep"]["ms"] = 85.0                         # not even with free cores: no reason claimed
+    held, text = _claim(x, "overlap")
+    assert not held and "nothing was hidden (the overlapped step took 5.0 ms more" in text
+    assert "the cores, not the method" not in text
+
+
+def test_the_wire_checks_hold_on_the_recorded_run_and_fail_when_the_bytes_are_off():
+    from kit.bench import ddp_lab
+    x = _lab_run()
+    assert [n for n, _, _ in ddp_lab.claims(x)] == ["overlap", "fp16", "bytes", "fsdp bytes", "memory"]
+    assert all(held for n, held, _ in ddp_lab.claims(x) if n != "overlap")
+    rows = {r["scheme"]: r for r in x["rows"]}
+    fp16 = next(r for s, r in rows.items() if s.startswith("ddp_fp16:"))
+    fp16["nic_tx"] = [b * 1.1 for b in fp16["nic_tx"]]       # 0.55× DDP's bytes: not half
+    assert not _claim(x, "fp16")[0]
+    x = _lab_run()
+    rows = {r["scheme"]: r for r in x["rows"]}
+    rows["zero"]["nic_tx"] = [b * 1.05 for b in rows["zero"]["nic_tx"]]
+    held, text = _claim(x, "bytes")
+    assert not held and "ZeRO-2" in text and "1.05" in text
+    f = rows["fsdp"]                                        # Gloo: every reduce-scatter costs an allreduce
+    assert ddp_lab.gloo_bytes(f, 3) > 1.3 * f["sent"] and abs(max(f["nic_tx"]) / ddp_lab.gloo_bytes(f, 3) - 1) < 0.03
+    rows["zero"]["held"]["grads"] *= 3                      # a ZeRO that kept the full gradient
+    assert not _claim(x, "memory")[0]

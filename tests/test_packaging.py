@@ -119,7 +119,7 @@ def test_make_test_gpu_refuses_without_a_gpu():
 
 # --- the README and docs/: what they say is what the code and results/*.json hold ------------------------------
 DOCS = REPO / "docs"
-BENCHMARKS = ("loading", "ps", "allreduce", "network", "mnist", "mnist_lab", "elastic", "gpu", "ddp")
+BENCHMARKS = ("loading", "ps", "allreduce", "network", "mnist", "mnist_lab", "elastic", "gpu", "ddp", "ddp_lab")
 README_MAX_LINES = 260
 
 
@@ -204,6 +204,11 @@ def _ddp(x: dict) -> list[str]:
     return [table(x), memory_table(x)]
 
 
+def _ddp_lab(x: dict) -> list[str]:
+    from kit.bench.ddp_lab import claims, table
+    return [table(run) for run in x["runs"]] + [text for run in x["runs"] for _, _, text in claims(run)]
+
+
 def _elastic(x: dict) -> list[str]:
     from kit.mnist import elastic
     rows = []
@@ -237,7 +242,7 @@ def _gpu(x: dict) -> list[str]:
 
 RENDER = {"loading": _loading, "ps": _ps, "allreduce": _allreduce, "network": _network, "mnist": _mnist,
           "mnist_lab": _mnist_on_lab_hosts, "elastic": _elastic, "gpu": _gpu,
-          "ddp": _ddp}
+          "ddp": _ddp, "ddp_lab": _ddp_lab}
 
 
 def test_every_benchmark_has_a_renderer_and_the_bench_knows_each():

@@ -21,7 +21,7 @@ from kit import sysinfo
 # name -> "module:function"; each function takes (out_dir: Path, quick: bool[, tiny: bool]) and returns
 # (result dict, summary). The function calls the experiments its notebook calls, with the benchmark's settings.
 BENCHES = {name: f"kit.bench.{name}:bench" for name in
-           ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab", "ddp")}
+           ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab", "ddp", "ddp_lab")}
 
 
 _T0 = time.monotonic()
@@ -67,7 +67,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     names = list(BENCHES) if a.name == "all" else [a.name]
     if a.name == "all" and os.geteuid() != 0:      # the lab's network namespaces need root
-        for lab_bench in ("network", "elastic", "mnist_lab"):
+        for lab_bench in ("network", "elastic", "mnist_lab", "ddp_lab"):
             print(f"kit.bench: skipping {lab_bench!r} (needs root for kit.netlab; run `sudo python -m kit.bench "
                   f"{lab_bench}`)")
             names.remove(lab_bench)

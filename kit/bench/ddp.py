@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from kit.bench.network import counters
 from kit.comm import costmodel, dp
 
 CFG = dict(sizes=(256, 384, 384, 384, 384, 384, 384, 10), batch=64, lr=0.01, momentum=0.9, seed=0, warmup=2, reps=10)
@@ -137,16 +138,23 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
     out = []
     for name in names:
         model, opt, finish = setup(name, make_model(cfg), cfg)
-        seconds, calls = [], []
+        seconds, calls, c0 = [], [], None
         for step in range(steps):
             x, y = batch(cfg, step, rank, world)
+            if step == cfg["warmup"] and cfg.get("nic"):   # on lab hosts: the NIC's counters around the timed steps
+                dist.barrier()
+                c0 = counters()
             dist.barrier()
             t0 = time.perf_counter()
             with dp.counting() if step == cfg["warmup"] - 1 else _nothing() as seen:   # a warmed-up step
                 train_step(model, opt, finish, x, y)
             seconds.append(time.perf_counter() - t0)
             calls = seen if seen is not None else calls
-        out.append({"scheme": name, "seconds": seconds[cfg["warmup"]:], "calls": calls,
+        nic = None
+        if c0 is not None:
+            dist.barrier()
+            nic = {k: (v - c0[k]) / cfg["reps"] for k, v in counters().items()}     # bytes per timed step
+        out.append({"scheme": name, "seconds": seconds[cfg["warmup"]:], "calls": calls, "nic": nic,
                     "held": dp.held_bytes(model, opt), "err": max_diff(model, ref)})
     return out
 
@@ -190,11 +198,15 @@ def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
     err = max(r["err"] for r in ranks)
     calls = ranks[0]["calls"]
     held = {k: max(r["held"][k] for r in ranks) for k in ("params", "grads", "optimizer")}
-    row = {"scheme": name, "label": label(name), "step_ms": 1e3 * float(np.median(np.max([r["seconds"] for r in ranks],
-                                                                                          axis=0))),
+    slowest = 1e3 * np.max([r["seconds"] for r in ranks], axis=0)          # each step's slowest rank, ms
+    row = {"scheme": name, "label": label(name), "step_ms": float(np.median(slowest)),
+           "step_ms_range": [float(slowest.min()), float(slowest.max())],
            "err": err, "ok": None if kind == "local" else err <= TOL.get(kind, TOL_FLOAT32),
            "calls": len(calls), "handed": sum(b for _, b in calls), "sent": dp.sent_per_step(calls, N),
+           "handed_by": {c: sum(b for name, b in calls if name == c) for c, _ in calls},
            "held": held, "state_share": sum(held.values()) / (3 * K)}
+    if ranks[0].get("nic"):                        # lab hosts: what each host's NIC sent and received per step
+        row["nic_tx"], row["nic_rx"] = [r["nic"]["tx"] for r in ranks], [r["nic"]["rx"] for r in ranks]
     if ab is not None and calls and all(c == "all_reduce" for c, _ in calls):
         row["model_comm_ms"] = 1e3 * dp.t_comm_buckets(N, [b for _, b in calls], ab["alpha"], ab["B"])
     return row

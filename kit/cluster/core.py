@@ -20,7 +20,7 @@ import time
 from kit import env as kit_env, scratch, sysinfo
 from kit.cluster import engines, launchers, remote, stall
 from kit.cluster import slurm as kit_slurm
-from kit.cluster.devices import plan_devices
+from kit.cluster.devices import plan_devices, threads_per_engine
 from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, Slot, assign_slots, launcher
 
 BACKENDS = tuple(LAUNCHERS)
@@ -262,7 +262,7 @@ class Cluster:
         self.gpus, notice = plan_devices(sysinfo.visible_gpus(), local_size, self.devices, self.share_gpus)
         if notice and not self.quiet:
             print(notice)
-        self._threads = self.threads or max(1, kit_env.cpu_cores() // local_size)
+        self._threads = self.threads or threads_per_engine(info)
         envs = {e: engine_env(s, gpus=self.gpus, threads=self._threads, timeout=self.timeout, folder=self._dir)
                 for e, s in self.slots.items()}
         for e, extra in self.launcher.job_env(self.slots).items():

@@ -15,16 +15,19 @@ from kit import scratch
 # ----------------------------------------------------------------------------------- run on the engines
 def engine_identity():
     """Return this engine's host, pid, (under mpiexec) its MPI rank, local rank and local size, (under srun) its
-    Slurm task rank and local rank, and (KIT_ROUTE_TO set) the interface its route to that address leaves by."""
+    Slurm task rank and local rank, the cores it may use and the machine it runs on (kit.netlab's hosts are one
+    machine), and (KIT_ROUTE_TO set) the interface its route to that address leaves by."""
     import os
     import re
     import socket
     import subprocess
+    from kit.env import cpu_cores, machine_id
     e = os.environ
     mpi = {k: int(e[v]) for k, v in (("rank", "OMPI_COMM_WORLD_RANK"), ("local_rank", "OMPI_COMM_WORLD_LOCAL_RANK"),
                                      ("local_size", "OMPI_COMM_WORLD_LOCAL_SIZE")) if v in e}
     slurm = {k: int(e[v]) for k, v in (("rank", "SLURM_PROCID"), ("local_rank", "SLURM_LOCALID")) if v in e}
-    out = {"host": socket.gethostname(), "pid": os.getpid(), "mpi": mpi, "slurm": slurm}
+    out = {"host": socket.gethostname(), "pid": os.getpid(), "mpi": mpi, "slurm": slurm, "cores": cpu_cores(),
+           "machine": machine_id()}
     if e.get("KIT_ROUTE_TO"):
         route = subprocess.run(["ip", "-o", "route", "get", e["KIT_ROUTE_TO"]], capture_output=True, text=True)
         out["route_iface"] = (re.findall(r"\bdev (\S+)", route.stdout) or [""])[0]

@@ -133,38 +133,36 @@ class Buckets:
 
 
 # ----------------------------------------------------------------------------- ZeRO: shard the optimizer's work
-def _reduce_scatter(out, flat):
-    """Sum `flat` over the ranks and keep this rank's slice in `out`. torch.distributed's own reduce-scatter: Gloo
-    has it in the installed torch 2.13 (checked 2026-12-01 on 2 and 3 ranks), where it is named
-    reduce_scatter_single (the old name, reduce_scatter_tensor, still works but warns); no ring of our own needed."""
-    import torch.distributed as dist
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, flat)
+_RECORDING: list | None = None        # counting()'s list while it is active: the ring's phases add to it
 
 
-def _all_gather(out, mine):
-    """Concatenate every rank's `mine` into `out` (all_gather_single, formerly all_gather_into_tensor)."""
-    import torch.distributed as dist
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, mine)
+def _record(name: str, full_bytes: int):
+    if _RECORDING is not None:
+        _RECORDING.append((name, full_bytes))
 
 
 class ZeroSGD:
-    """SGD with momentum, ZeRO-2 style: the flat gradient (padded to a multiple of N) is reduce-scattered, so each
-    rank receives only the summed shard it owns; it keeps momentum for that shard alone, updates that shard of the
-    parameters, and the shards are all-gathered into every rank's full copy. Per rank: full parameters, 1/N of the
-    gradient (the full .grad is freed after the step) and 1/N of the optimizer state."""
+    """SGD with momentum, ZeRO-2 style, on the two phases of notebook 03's ring (kit.comm.ring): scatter-reduce the
+    flat gradient (padded to a multiple of N), after which rank r holds the summed chunk (r + 1) % N; keep momentum
+    for that shard alone and update that shard of the parameters; allgather the shards into every rank's full copy.
+    Per rank: full parameters, 1/N of the gradient (the full .grad is freed after the step) and 1/N of the
+    optimizer state; on the wire, (N-1)/N·K per phase: an allreduce's bytes. (torch.distributed's reduce-scatter
+    on Gloo is an allreduce with the rest thrown away, twice the bytes: pytorch/pytorch#118911.)"""
 
-    def __init__(self, params, lr: float, momentum: float = 0.0):
+    def __init__(self, params, lr: float, momentum: float = 0.0, piece_bytes: int = 4 * 2**20):
         import torch
         import torch.distributed as dist
+        from kit.comm.link import Link
         self.params = [p for p in params if p.requires_grad]
         self.lr, self.mu = lr, momentum
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.numel = sum(p.numel() for p in self.params)
         self.shard = math.ceil(self.numel / self.world)                  # elements this rank owns
-        self.lo = self.rank * self.shard                                 # ... starting here in the flat vector
+        self.lo = (self.rank + 1) % self.world * self.shard              # ... the chunk the ring leaves it with
         self.momentum = torch.zeros(self.shard, dtype=self.params[0].dtype)
         self.grad_shard = torch.zeros_like(self.momentum)
         self.state = {"shard": {"momentum_buffer": self.momentum}}       # what torch's optimizers call state
+        self.link, self.piece = Link(f"rank {self.rank}"), max(1, piece_bytes // self.momentum.element_size())
 
     def _flat(self, tensors):
         import torch
@@ -178,14 +176,20 @@ class ZeroSGD:
 
     def step(self):
         import torch
+        from kit.comm.ring import allgather, scatter_reduce
+        mine = slice(self.lo, self.lo + self.shard)
         grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
-        _reduce_scatter(self.grad_shard, grads)                          # ZeRO: only my shard of the sum
-        self.grad_shard /= self.world
-        mine = self._flat([p.detach() for p in self.params])[self.lo:self.lo + self.shard].clone()
+        if self.world > 1:
+            scatter_reduce(grads, self.rank, self.world, self.link, self.piece)   # ZeRO: ring phase 1, my shard summed
+        _record("reduce_scatter", grads.numel() * grads.element_size())
+        torch.div(grads[mine], self.world, out=self.grad_shard)          # the mean over N ranks
+        del grads                                                        # the rest of the sum is not kept
         self.momentum.mul_(self.mu).add_(self.grad_shard)                # torch.optim.SGD's momentum rule
-        mine.add_(self.momentum, alpha=-self.lr)                         # update my shard only
-        full = torch.empty(self.shard * self.world, dtype=mine.dtype)
-        _all_gather(full, mine)                                          # ZeRO: every rank gets every shard
+        full = self._flat([p.detach() for p in self.params])
+        full[mine].add_(self.momentum, alpha=-self.lr)                   # update my shard only
+        if self.world > 1:
+            allgather(full, self.rank, self.world, self.link, self.piece)    # ZeRO: ring phase 2, every shard to all
+        _record("all_gather", full.numel() * full.element_size())
         with torch.no_grad():
             for p, piece in zip(self.params, full[:self.numel].split([p.numel() for p in self.params])):
                 p.copy_(piece.view_as(p))
@@ -222,7 +226,8 @@ def counting():
     """Record every collective called through `torch.distributed.<name>` while inside: a list of
     (name, bytes of the full tensor: the allreduced one, the reduce-scatter's input, the all-gather's output).
     It wraps the module's functions for the duration (calls made inside torch's C++, like DDP's own default
-    allreduce, are not seen: give DDP a Python comm hook to count it)."""
+    allreduce, are not seen: give DDP a Python comm hook to count it); ZeroSGD's ring phases record themselves as
+    "reduce_scatter" and "all_gather"."""
     import torch.distributed as dist
     calls, saved = [], {n: getattr(dist, n) for n in COLLECTIVES if hasattr(dist, n)}
 
@@ -235,11 +240,14 @@ def counting():
             calls.append((name, full.numel() * full.element_size()))
             return fn(*args, **kwargs)
         return counted
+    global _RECORDING
     try:
         for name, fn in saved.items():
             setattr(dist, name, wrap(name, fn))
+        _RECORDING = calls                          # ZeroSGD's ring phases record themselves
         yield calls
     finally:
+        _RECORDING = None
         for name, fn in saved.items():
             setattr(dist, name, fn)
 

@@ -1,0 +1,222 @@
+"""Notebook 05's schemes on real links (notebook 05 section 8 and `python -m kit.bench ddp_lab`): one engine on each
+host of a kit.netlab lab, links shaped to `rate`, the bytes counted on each host's NIC.
+
+    x = experiment(cluster)       # on a gloo cluster whose engines sit on lab hosts (one per host)
+    claims(x)                     # each lesson checked on the run: [(name, held, sentence from the numbers)]
+    table(x)                      # step time and bytes on the wire per scheme against the ring model
+
+On loopback (section 4) nothing limits the bytes, so overlap and compression show little. Here the link does: a
+step's allreduces of K bytes need at least 2(N−1)/N·K/B on the wire. What the lessons predict, checked:
+  overlap   the overlapped step takes about max(compute, comm), not compute + comm: measured in interleaved rounds
+            (`paired`: compute alone, the same per-gradient allreduces alone, naive, overlapped), and again with
+            the compute replaced by sleeps, which leave the cores free;
+  fp16      DDP's fp16 compress hook halves the bytes each NIC sends;
+  bytes     what each NIC sends per step is the ring model's 2(N−1)/N per allreduced byte (headers included);
+  memory    FSDP2 holds 1/N of the parameters, gradients and momentum; ZeRO-2 1/N of the gradients and momentum;
+  fsdp bytes  FSDP2's bytes against the ring model with Gloo's reduce-scatter counted as the allreduce it is.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from kit.bench import ddp as ddpx
+
+SCHEMES = ["local", "naive", "overlap", f"buckets:{4 << 20}", f"ddp:{ddpx.DDP_BUCKET}",
+           f"ddp_fp16:{ddpx.DDP_BUCKET}", "zero", "fsdp"]
+CFG = dict(reps=15, nic=True)     # on top of kit.bench.ddp.CFG (its model and batch): NIC counters on
+# What the checks allow: the overlapped step within 15% of max(compute, comm); fp16 bytes 0.5 within 3%; NIC bytes
+# within 3% of the ring model; held state within 20% of 1/N.
+OVERLAP_SLACK, BYTES_TOL, MEMORY_TOL = 0.15, 0.03, 0.20
+
+
+def paired(cfg: dict, reps: int, sleep_s: float = 0.004) -> dict[str, list[float]]:
+    """On every engine, interleaved so that each round sees the same machine: one step of the compute alone
+    (`local`), the overlap scheme's allreduces alone (`comm`: one async allreduce per gradient, last layer first),
+    the naive and the overlapped step; then the same compute-alone and overlapped steps with `sleep_s` of sleep
+    in each Linear's backward (`*_sleep`: compute that leaves the cores free). Return the seconds of each round."""
+    import torch
+    import torch.distributed as dist
+    from kit.comm import dp
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def model(hooks=None, sleep=False):
+        m = ddpx.make_model(cfg)
+        for layer in m if sleep else []:
+            if isinstance(layer, torch.nn.Linear):
+                layer.register_full_backward_hook(lambda *_: time.sleep(sleep_s))
+        finish = hooks(m).finish if hooks else (lambda: None)
+        return m, ddpx.sgd(m.parameters(), cfg), finish
+    steps = {"local": model(), "naive": model(), "overlap": model(dp.Overlap), "local_sleep": model(sleep=True),
+             "overlap_sleep": model(dp.Overlap, sleep=True)}
+    dp.naive_allreduce_hooks(steps["naive"][0])
+    grads = [torch.ones_like(p) for p in steps["local"][0].parameters()][::-1]
+
+    def comm():
+        for h in [dist.all_reduce(g, async_op=True) for g in grads]:
+            h.wait()
+    out = {k: [] for k in ("local", "comm", "naive", "overlap", "local_sleep", "overlap_sleep")}
+    for step in range(cfg["warmup"] + reps):
+        x, y = ddpx.batch(cfg, step, rank, world)
+        for key in out:
+            dist.barrier()
+            t0 = time.perf_counter()
+            comm() if key == "comm" else ddpx.train_step(*steps[key], x, y)
+            out[key].append(time.perf_counter() - t0)
+    return {k: v[cfg["warmup"]:] for k, v in out.items()}
+
+
+def experiment(cluster, cfg: dict | None = None, names: list[str] | None = None, rate: str | None = None) -> dict:
+    """Run `names` (default SCHEMES) on `cluster` (engines on lab hosts), then the interleaved overlap rounds
+    (`paired`); return kit.bench.ddp.experiment's result with each row's NIC bytes per step, and `paired`: per
+    round kind the slowest rank's median ms and its range over the rounds."""
+    cfg = {**ddpx.CFG, **CFG, **(cfg or {})}
+    x = ddpx.experiment(cluster, cfg=cfg, names=names or SCHEMES)
+    per_rank = cluster.wait(cluster.view.apply_async(paired, cfg, cfg["reps"]))
+    x["paired"] = {}
+    for key in per_rank[0]:
+        slowest = 1e3 * np.max([r[key] for r in per_rank], axis=0)
+        x["paired"][key] = {"ms": float(np.median(slowest)), "range": [float(slowest.min()), float(slowest.max())]}
+    x["rate"] = rate
+    return x
+
+
+def claims(x: dict) -> list[tuple[str, bool, str]]:
+    """Each lesson checked on the run: (name, held, a sentence from the run's numbers)."""
+    s, N, out = ddpx.by_scheme(x), x["N"], []
+    p = {k: v["ms"] for k, v in x["paired"].items()}
+    local, comm, naive, over = p["local"], p["comm"], p["naive"], p["overlap"]
+    held = over <= (1 + OVERLAP_SLACK) * max(local, comm)
+    hidden, hidden_sleep = local + comm - over, p["local_sleep"] + comm - p["overlap_sleep"]
+    text = (f"compute alone {local:.1f} ms, the allreduces alone {comm:.1f} ms "
+            f"({x['paired']['comm']['range'][0]:.0f}–{x['paired']['comm']['range'][1]:.0f} over the rounds): naive "
+            f"step {naive:.1f} ms, overlapped {over:.1f} ms = {over / max(local, comm):.2f}× max(compute, comm) "
+            f"(allowed {1 + OVERLAP_SLACK:.2f}×); " + _hid(hidden, min(local, comm)))
+    if not held:
+        text += (f". With the compute replaced by sleeps ({p['local_sleep']:.1f} ms alone, the cores free): "
+                 + _hid(hidden_sleep, min(p["local_sleep"], comm))
+                 + (": here the cores, not the method, were missing; compute and the allreduces' threads share "
+                    "them" if hidden_sleep > hidden + 0.25 * min(p["local_sleep"], comm) else ""))
+    out.append(("overlap", held, text))
+    ddp = next(r for r in x["rows"] if r["scheme"].startswith("ddp:"))
+    fp16 = next(r for r in x["rows"] if r["scheme"].startswith("ddp_fp16:"))
+    ratio = float(np.mean(fp16["nic_tx"]) / np.mean(ddp["nic_tx"]))
+    out.append(("fp16", abs(ratio - 0.5) <= BYTES_TOL * 0.5,
+                f"each NIC sent {np.mean(fp16['nic_tx']):,.0f} bytes per step with the fp16 hook, "
+                f"{np.mean(ddp['nic_tx']):,.0f} without: {ratio:.3f}× (half: 0.500 ± {BYTES_TOL * 0.5:.3f})"))
+    ring = [r for r in x["rows"] if r["sent"] and r["scheme"] != "fsdp"]
+    worst = max(ring, key=lambda r: abs(wire_ratio(r) - 1))
+    off = wire_ratio(worst) - 1
+    out.append(("bytes", abs(off) <= BYTES_TOL,
+                f"every allreduce scheme's and ZeRO's NIC bytes per step within {100 * abs(off):.1f}% of the ring "
+                f"model (worst: {worst['label']}, {1 + off:.3f}×; allowed ±{100 * BYTES_TOL:.0f}%)"))
+    f = s["fsdp"]
+    gloo = gloo_bytes(f, N)
+    out.append(("fsdp bytes", abs(max(f["nic_tx"]) / gloo - 1) <= BYTES_TOL,
+                f"FSDP2 sent {wire_ratio(f):.2f}× the ring model's 3(N−1)/N·K: Gloo's reduce-scatter is an allreduce "
+                f"whose other chunks are dropped (pytorch/pytorch#118911), so its gradients cost 2(N−1)/N·K, not "
+                f"(N−1)/N·K; counted that way, {max(f['nic_tx']) / gloo:.3f}× (NCCL's reduce-scatter is a real one)"))
+    z = s["zero"]
+    zero_sharded = (z["held"]["grads"] + z["held"]["optimizer"]) / (2 * x["K"])
+    out.append(("memory", abs(f["state_share"] * N - 1) <= MEMORY_TOL and abs(zero_sharded * N - 1) <= MEMORY_TOL,
+                f"FSDP2 holds {f['state_share']:.3f} of the full state and ZeRO-2 {zero_sharded:.3f} of the gradients "
+                f"and momentum, against 1/N = {1 / N:.3f} (allowed ±{100 * MEMORY_TOL:.0f}%)"))
+    return out
+
+
+def _hid(ms: float, could: float) -> str:
+    if ms < 0:
+        return f"nothing was hidden (the overlapped step took {-ms:.1f} ms more than compute + comm)"
+    return f"the overlap hid {ms:.1f} of the {could:.1f} ms it could hide"
+
+
+def gloo_bytes(row: dict, N: int) -> float:
+    """What one rank sends for a row's collectives on Gloo: the ring model, a reduce-scatter costing an allreduce."""
+    return sum(ddpx.dp.wire_bytes("all_reduce" if c.startswith("reduce_scatter") else c, b, N)
+               for c, b in row["handed_by"].items())
+
+
+def wire_ratio(row: dict) -> float:
+    """What the busiest NIC sent per step over the ring model's bytes per rank (headers and barriers included)."""
+    return max(row["nic_tx"]) / row["sent"]
+
+
+def table(x: dict) -> str:
+    """The markdown table of the lab run: step time, bytes on each NIC against the ring model."""
+    out = [f"| scheme (N = {x['N']}, {x.get('rate') or 'lab'}) | step ms | collectives / step | NIC sent per host "
+           "per step | ring model | NIC / model |", "|---|---:|---:|---:|---:|---:|"]
+    for r in x["rows"]:
+        ratio = f"{wire_ratio(r):.3f}" if r["sent"] else "–"
+        out.append(f"| {r['label']} | {r['step_ms']:.1f} | {r['calls']} | {max(r['nic_tx']):,.0f} | {r['sent']:,.0f} "
+                   f"| {ratio} |")
+    out.append(f"| the overlap scheme's allreduces alone (no compute) | {x['paired']['comm']['ms']:.1f} | "
+               f"{ddpx.by_scheme(x)['overlap']['calls']} | – | – | – |")
+    return "\n".join(out)
+
+
+def run(ns=(2, 3, 4), rate: str = "1gbit", cfg: dict | None = None, names: list[str] | None = None,
+        timeout: float = 120) -> list[dict]:
+    """For each N: a lab of N hosts at `rate`, one engine per host; return one experiment per N."""
+    from kit import cluster as kc
+    from kit import netlab
+    from kit.bench import say
+    out = []
+    for N in ns:
+        say(f"ddp_lab: N = {N}, a lab of {N} hosts at {rate}")
+        with netlab.start(hosts=N, rate=rate) as lab:
+            with kc.start(n=N, backend="gloo", hosts=lab, timeout=timeout, quiet=True) as c:
+                c.init_process_group()
+                out.append(experiment(c, cfg, names, rate))
+    return out
+
+
+def summary(xs: list[dict], seconds: float) -> str:
+    """The one-line summary of a run over several N (the benchmark's last line)."""
+    parts = []
+    for x in xs:
+        c = {name: (held, text) for name, held, text in claims(x)}
+        p = {k: v["ms"] for k, v in x["paired"].items()}
+        parts.append(f"N={x['N']}: compute {p['local']:.1f} ms, comm {p['comm']:.1f}, naive {p['naive']:.1f}, "
+                     f"overlap {p['overlap']:.1f} ({p['overlap'] / max(p['local'], p['comm']):.2f}x max), DDP "
+                     f"{next(r for r in x['rows'] if r['scheme'].startswith('ddp:'))['step_ms']:.1f}; checks "
+                     + ", ".join(f"{k} {'held' if h else 'FAILED'}" for k, (h, _) in c.items()))
+    return f"ddp_lab at {xs[0]['rate']}: " + "; ".join(parts) + f"; {seconds:.0f} s"
+
+
+def plot(xs: list[dict], ax=None):
+    """Step time per scheme at each N, with the compute alone and the allreduces alone as the two bounds."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 3.8))
+    names = [r["scheme"] for r in xs[0]["rows"] if r["scheme"] != "local"]
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        ax.bar([j + i * width for j in range(len(xs))], [ddpx.by_scheme(x)[name]["step_ms"] for x in xs], width,
+               label=ddpx.label(name))
+    for j, x in enumerate(xs):
+        span = (j - width / 2, j + 0.8 - width / 2)
+        ax.plot(span, [x["paired"]["comm"]["ms"]] * 2, "k--", lw=1.5, label="allreduces alone" if j == 0 else None)
+        ax.plot(span, [ddpx.by_scheme(x)["local"]["step_ms"]] * 2, "k:", lw=1.5,
+                label="compute alone" if j == 0 else None)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(xs))], [f"N = {x['N']}" for x in xs])
+    ax.set_ylabel("ms per step (median)")
+    ax.set_title(f"notebook 05's schemes on lab hosts at {xs[0]['rate']}")
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+SETTINGS = {"tiny": dict(ns=(2,), cfg=dict(sizes=(16, 32, 32, 4), batch=8, reps=2)), "quick": dict(ns=(2, 3)),
+            "full": dict(ns=(2, 3, 4))}
+
+
+def bench(out_dir, quick: bool = False, tiny: bool = False):
+    """python -m kit.bench ddp_lab: notebook 05's schemes on 2, 3 and 4 lab hosts at 1 Gbit/s; ddp_lab.png."""
+    import matplotlib.pyplot as plt
+    s = SETTINGS["tiny" if tiny else "quick" if quick else "full"]
+    t0 = time.time()
+    xs = run(ns=s["ns"], cfg=s.get("cfg"))
+    ax = plot(xs)
+    ax.figure.savefig(out_dir / "ddp_lab.png", dpi=110, bbox_inches="tight")
+    plt.close(ax.figure)
+    return {"runs": xs, "claims": [[list(c) for c in claims(x)] for x in xs]}, summary(xs, time.time() - t0)
