@@ -72,7 +72,7 @@ def experiment(cluster, cfg: dict | None = None, names: list[str] | None = None,
     (`paired`); return kit.bench.ddp.experiment's result with each row's NIC bytes per step, and `paired`: per
     round kind the slowest rank's median ms and its range over the rounds."""
     cfg = {**ddpx.CFG, **CFG, **(cfg or {})}
-    x = ddpx.experiment(cluster, cfg=cfg, names=names or SCHEMES)
+    x = ddpx.experiment(cluster, cfg=cfg, names=names or SCHEMES, alpha_beta=False)   # the link's B is set
     per_rank = cluster.wait(cluster.view.apply_async(paired, cfg, cfg["reps"]))
     x["paired"] = {}
     for key in per_rank[0]:
