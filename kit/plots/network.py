@@ -125,6 +125,8 @@ def ratios(x: dict, K: int) -> dict:
                       if hi in t[i] and lo in t[i] and hi != lo}
     out["busbw_over_link"] = {i: rows(x, i, K, hi)[0]["busbw"] / link_rate(x)
                               for i in ("ring", "byteps", "torch", "horovod", "horovod_mpi") if rows(x, i, K, hi)}
+    out["ring_vs_torch"] = {n: [rows(x, i, K, n)[0]["busbw"] / link_rate(x) for i in ("ring", "torch")]
+                            for n in x["ns"] if rows(x, "ring", K, n) and rows(x, "torch", K, n)}
     out["bytes_error"] = bytes_error(x, K)
     out["bytes_error_any_size"] = bytes_error(x)
     out["all_correct"] = all(r["ok"] for r in x["rows"])
@@ -142,9 +144,12 @@ def summary(x: dict, K: int, seconds: float) -> str:
     be = ", ".join(f"{i} {v:+.2%}" for i, v in r["bytes_error"].items() if v is not None)
     worst = max((abs(v) for v in r["bytes_error_any_size"].values() if v is not None), default=0)
     ns = "/".join(map(str, x["ns"]))
+    rt = r["ring_vs_torch"]
+    vs = (f"kit ring vs torch.distributed busbw/link at N={'/'.join(map(str, rt))}: "
+          f"{'/'.join(f'{v[0]:.0%}' for v in rt.values())} vs {'/'.join(f'{v[1]:.0%}' for v in rt.values())}; ")
     return (f"network {x['rate']}, {human(K)}: measured/model at N={ns}: {mom} (target 0.8-1.2); "
             f"N={max(x['ns'])} vs N={min(x['ns'])}: {sc} (targets 1.75x ring, 4x PS); "
-            f"busbw/link at N={max(x['ns'])}: {bw} (target ring >= 85%); NIC bytes vs model at {human(K)}: {be}, "
+            f"busbw/link at N={max(x['ns'])}: {bw} (target ring >= 85%); {vs}NIC bytes vs model at {human(K)}: {be}, "
             f"worst at any size {worst:+.2%} (target within 2%; headers, ACKs, barriers included); "
             f"all sums correct: {r['all_correct']}; {seconds:.0f} s")
 
