@@ -43,7 +43,8 @@ def test_bytes_per_step_follow_the_ring_model():
 
 def test_schemes_and_labels():
     names = ddpx.schemes((1024,), 2048)
-    assert names == ["local", "naive", "overlap", "buckets:1024", "ddp:2048", "ddp_fp16:2048", "zero", "fsdp"]
+    assert names == ["local", "naive", "overlap", "buckets:1024", "ddp:2048", "ddp_fp16:2048", "horovod", "zero",
+                     "fsdp"]
     assert ddpx.label("buckets:1024") == "buckets 1 KB"
 
 
@@ -75,6 +76,8 @@ def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
     assert [c for c, _ in rows["naive"]["calls"]] == ["all_reduce"] * 6
     assert rows["buckets:1048576"]["calls"] == [("all_reduce", K)]        # one bucket, one message
     assert rows["ddp_fp16:256"]["calls"] and sum(b for _, b in rows["ddp_fp16:256"]["calls"]) * 2 == K
+    hvd = rows["horovod"]["calls"]                   # every gradient handed to Horovod once, fused on its thread
+    assert len(hvd) == 6 and sum(b for _, b in hvd) == K
     zero = rows["zero"]
     assert [c for c, _ in zero["calls"]] == ["reduce_scatter", "all_gather"]   # the ring's two phases
     padded = -(-K // 4 // 3) * 3 * 4

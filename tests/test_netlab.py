@@ -211,9 +211,11 @@ def test_labs_of_processes_with_different_temp_dirs_are_not_swept(tmp_path, no_l
 
 
 # ------------------------------------------------------------------------------------ rate, cut, restore
-def within(measured: dict, rate: str, tol=0.10):
+def capped(measured: dict, rate: str, low=0.60, high=1.10):
+    """Every direction at most `high`× the set rate (the shaper's cap: tight) and at least `low`× (the box's floor:
+    a busy 2-core box's measuring processes can fall short, e.g. 82 and 87 Mbit/s at 100mbit in one dry run)."""
     want = netlab.parse_rate(rate) / 8
-    return all(abs(v / want - 1) <= tol for v in measured.values())
+    return all(low <= v / want <= high for v in measured.values())
 
 
 @needs_root
@@ -221,14 +223,15 @@ def within(measured: dict, rate: str, tol=0.10):
 def test_measured_rate_matches_the_set_rate_both_ways(no_leaks):
     # Rates the measuring processes reach on a busy 2-core machine: at 400mbit a CI run measured 337 Mbit/s, and at
     # 200mbit a full make test 174 Mbit/s one way (the other test worker had the cores): a limit of the box, not of
-    # the shaper this test checks. 100mbit and 25mbit are well below what the box streams when busy.
+    # the shaper this test checks. 100mbit and 25mbit are well below what the box streams when busy. The cap is
+    # what the shaper sets, so it is checked tightly; the floor only says the link carries that rate at all.
     with netlab.start(hosts=2, rate="100mbit") as lab:
         first = lab.measure_rate("h1", "h2")
         lab.set_rate("25mbit")
         second = lab.measure_rate("h2", "h1")
     print(f"\n100mbit: {first}\n25mbit: {second}")
-    assert within(first, "100mbit"), first
-    assert within(second, "25mbit"), second
+    assert capped(first, "100mbit"), first
+    assert capped(second, "25mbit"), second       # 25mbit's cap (27.5) is below 100mbit's floor (60): it moved
 
 
 def can_connect(lab, src, dst, timeout=2) -> bool:

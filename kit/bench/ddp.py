@@ -5,7 +5,8 @@
 
 The schemes: `local` (no communication: the compute alone), the learner's `naive`, `overlap` and `buckets:<bytes>`
 (kit.comm.dp), `ddp:<bytes>` (torch's DistributedDataParallel, bucket_cap_mb) and `ddp_fp16:<bytes>` (with the
-fp16 compress comm hook), `zero` (kit.comm.dp.ZeroSGD) and `fsdp` (FSDP2, torch.distributed.fsdp.fully_shard).
+fp16 compress comm hook), `horovod` (Horovod's DistributedOptimizer: its tensor fusion and cycle time, at the
+engines' Horovod settings), `zero` (kit.comm.dp.ZeroSGD) and `fsdp` (FSDP2, torch.distributed.fsdp.fully_shard).
 Each starts from the same seeded MLP and trains on its rank's slice of the same global batches; its final weights
 are compared with one process training on the N× batch.
 """
@@ -28,14 +29,15 @@ TOL = {"ddp_fp16": 1e-3}
 TOL_FLOAT32 = 1e-5
 LABELS = {"local": "compute only (no communication)", "naive": "naive: one allreduce per gradient",
           "overlap": "overlap: async, wait before step", "buckets": "buckets", "ddp": "DDP",
-          "ddp_fp16": "DDP + fp16 compress hook", "zero": "ZeRO-2 (reduce-scatter, all-gather)",
+          "ddp_fp16": "DDP + fp16 compress hook", "horovod": "Horovod DistributedOptimizer (tensor fusion)",
+          "zero": "ZeRO-2 (reduce-scatter, all-gather)",
           "fsdp": "FSDP2 fully_shard"}
 
 
 def schemes(buckets=BUCKETS, ddp_bucket=DDP_BUCKET) -> list[str]:
     """The schemes of one experiment, in the order they run and are shown."""
     return ["local", "naive", "overlap", *[f"buckets:{b}" for b in buckets], f"ddp:{ddp_bucket}",
-            f"ddp_fp16:{ddp_bucket}", "zero", "fsdp"]
+            f"ddp_fp16:{ddp_bucket}", "horovod", "zero", "fsdp"]
 
 
 def label(scheme: str) -> str:
@@ -115,6 +117,10 @@ def setup(scheme: str, model, cfg):
         # allreduce_hook is DDP's default, written in Python: so dp.counting() sees its calls
         model.register_comm_hook(None, default_hooks.fp16_compress_hook if kind == "ddp_fp16"
                                  else default_hooks.allreduce_hook)
+    elif kind == "horovod":     # hooks that hand each gradient to Horovod's background thread; step() waits
+        import horovod.torch as hvd
+        return model, hvd.DistributedOptimizer(sgd(model.parameters(), cfg),
+                                               named_parameters=model.named_parameters()), finish
     elif kind == "zero":
         return model, dp.ZeroSGD(model.parameters(), cfg["lr"], cfg["momentum"]), finish
     elif kind == "fsdp":
@@ -222,7 +228,8 @@ def table(x: dict) -> str:
            "max abs(w − w_ref) |", "|---|---:|---:|---:|---:|---:|"]
     for r in x["rows"]:
         same = "–" if r["ok"] is None else f"{r['err']:.1e} ({'ok' if r['ok'] else 'NOT equal'})"
-        out.append(f"| {r['label']} | {r['step_ms']:.1f} | {r['calls']} | {r['handed']:,} | {r['sent']:,.0f} | "
+        calls = f"{r['calls']} handed, fused" if r["scheme"] == "horovod" else r["calls"]   # fused on its thread
+        out.append(f"| {r['label']} | {r['step_ms']:.1f} | {calls} | {r['handed']:,} | {r['sent']:,.0f} | "
                    f"{same} |")
     return "\n".join(out)
 
@@ -251,7 +258,8 @@ def summary(x: dict) -> str:
             f"SGD on the {N}x batch: {ok}; step ms: compute only {s['local']['step_ms']:.1f}, naive "
             f"{s['naive']['step_ms']:.1f}, overlap {s['overlap']['step_ms']:.1f}, buckets best "
             f"{best['step_ms']:.1f} at {costmodel.human(int(best['scheme'].split(':')[1]))}, DDP {ddp['step_ms']:.1f}, "
-            f"DDP fp16 {fp16['step_ms']:.1f}, ZeRO {s['zero']['step_ms']:.1f}, FSDP2 {s['fsdp']['step_ms']:.1f}; "
+            f"DDP fp16 {fp16['step_ms']:.1f}, Horovod {s['horovod']['step_ms']:.1f}, ZeRO {s['zero']['step_ms']:.1f}, "
+            f"FSDP2 {s['fsdp']['step_ms']:.1f}; "
             f"fp16 hook hands {fp16['handed'] / ddp['handed']:.2f}x DDP's bytes; state per rank (1/N = "
             f"{1 / N:.3f}): ZeRO {s['zero']['state_share']:.3f}, FSDP2 {s['fsdp']['state_share']:.3f}")
 

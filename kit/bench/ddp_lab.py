@@ -22,9 +22,10 @@ import time
 import numpy as np
 
 from kit.bench import ddp as ddpx
+from kit.comm import dp
 
 SCHEMES = ["local", "naive", "overlap", f"buckets:{4 << 20}", f"ddp:{ddpx.DDP_BUCKET}",
-           f"ddp_fp16:{ddpx.DDP_BUCKET}", "zero", "fsdp"]
+           f"ddp_fp16:{ddpx.DDP_BUCKET}", "horovod", "zero", "fsdp"]
 CFG = dict(reps=15, nic=True)     # on top of kit.bench.ddp.CFG (its model and batch): NIC counters on
 # What the checks allow: the overlapped step within 15% of max(compute, comm); fp16 bytes 0.5 within 3%; NIC bytes
 # within 3% of the ring model; held state within 20% of 1/N.
@@ -38,7 +39,6 @@ def paired(cfg: dict, reps: int, sleep_s: float = 0.004) -> dict[str, list[float
     in each Linear's backward (`*_sleep`: compute that leaves the cores free). Return the seconds of each round."""
     import torch
     import torch.distributed as dist
-    from kit.comm import dp
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def model(hooks=None, sleep=False):
@@ -133,7 +133,7 @@ def _hid(ms: float, could: float) -> str:
 
 def gloo_bytes(row: dict, N: int) -> float:
     """What one rank sends for a row's collectives on Gloo: the ring model, a reduce-scatter costing an allreduce."""
-    return sum(ddpx.dp.wire_bytes("all_reduce" if c.startswith("reduce_scatter") else c, b, N)
+    return sum(dp.wire_bytes("all_reduce" if c.startswith("reduce_scatter") else c, b, N)
                for c, b in row["handed_by"].items())
 
 
@@ -179,7 +179,8 @@ def summary(xs: list[dict], seconds: float) -> str:
         p = {k: v["ms"] for k, v in x["paired"].items()}
         parts.append(f"N={x['N']}: compute {p['local']:.1f} ms, comm {p['comm']:.1f}, naive {p['naive']:.1f}, "
                      f"overlap {p['overlap']:.1f} ({p['overlap'] / max(p['local'], p['comm']):.2f}x max), DDP "
-                     f"{next(r for r in x['rows'] if r['scheme'].startswith('ddp:'))['step_ms']:.1f}; checks "
+                     f"{next(r for r in x['rows'] if r['scheme'].startswith('ddp:'))['step_ms']:.1f}, Horovod "
+                     f"{ddpx.by_scheme(x)['horovod']['step_ms']:.1f}; checks "
                      + ", ".join(f"{k} {'held' if h else 'FAILED'}" for k, (h, _) in c.items()))
     return f"ddp_lab at {xs[0]['rate']}: " + "; ".join(parts) + f"; {seconds:.0f} s"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import sys
 
 from kit.comm.costmodel import ring_bytes, t_comm_ring
 
@@ -225,7 +226,8 @@ COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single", "
 def counting():
     """Record every collective called through `torch.distributed.<name>` while inside: a list of
     (name, bytes of the full tensor: the allreduced one, the reduce-scatter's input, the all-gather's output).
-    It wraps the module's functions for the duration (calls made inside torch's C++, like DDP's own default
+    It wraps the module's functions (and Horovod's `allreduce_async_`, which DistributedOptimizer calls once per
+    gradient) for the duration (calls made inside torch's C++, like DDP's own default
     allreduce, are not seen: give DDP a Python comm hook to count it); ZeroSGD's ring phases record themselves as
     "reduce_scatter" and "all_gather"."""
     import torch.distributed as dist
@@ -240,16 +242,23 @@ def counting():
             calls.append((name, full.numel() * full.element_size()))
             return fn(*args, **kwargs)
         return counted
+    # Horovod's DistributedOptimizer hands each gradient to `allreduce_async_` (fused on its background thread)
+    hvd_opt = sys.modules.get("horovod.torch.optimizer")
+    hvd_saved = getattr(hvd_opt, "allreduce_async_", None)
     global _RECORDING
     try:
         for name, fn in saved.items():
             setattr(dist, name, wrap(name, fn))
+        if hvd_saved is not None:
+            hvd_opt.allreduce_async_ = wrap("all_reduce", hvd_saved)
         _RECORDING = calls                          # ZeroSGD's ring phases record themselves
         yield calls
     finally:
         _RECORDING = None
         for name, fn in saved.items():
             setattr(dist, name, fn)
+        if hvd_saved is not None:
+            hvd_opt.allreduce_async_ = hvd_saved
 
 
 def wire_bytes(name: str, full_bytes: int, N: int) -> float:
