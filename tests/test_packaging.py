@@ -200,13 +200,15 @@ def _mnist_on_lab_hosts(x: dict) -> list[str]:
 
 
 def _ddp(x: dict) -> list[str]:
-    from kit.bench.ddp import memory_table, table
-    return [table(x), memory_table(x)]
+    from kit.bench.ddp import horovod_note, memory_table, table
+    return [table(x), memory_table(x), horovod_note(x)]
 
 
 def _ddp_lab(x: dict) -> list[str]:
+    from kit.bench.ddp import horovod_note
     from kit.bench.ddp_lab import claims, table
-    return [table(run) for run in x["runs"]] + [text for run in x["runs"] for _, _, text in claims(run)]
+    return ([table(run) for run in x["runs"]] + [text for run in x["runs"] for _, _, text in claims(run)]
+            + [horovod_note(run) for run in x["runs"]])
 
 
 def _elastic(x: dict) -> list[str]:
