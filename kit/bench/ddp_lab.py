@@ -8,7 +8,7 @@ host of a kit.netlab lab, links shaped to `rate`, the bytes counted on each host
 On loopback (section 4) nothing limits the bytes, so overlap and compression show little. Here the link does: a
 step's allreduces of K bytes need at least 2(N−1)/N·K/B on the wire. What the lessons predict, checked:
   overlap   the overlapped step takes about max(compute, comm), not compute + comm: measured in interleaved rounds
-            (`paired`: compute alone, the same per-gradient allreduces alone, naive, overlapped), and again with
+            (`paired`: compute alone, its forward alone, the per-gradient allreduces alone, naive, overlapped), and with
             a sleep added to each layer's backward: a longer backward that leaves the cores free;
   fp16      DDP's fp16 compress hook halves the bytes each NIC sends;
   bytes     what each NIC sends per step is the ring model's 2(N−1)/N per allreduced byte (headers included);
@@ -37,8 +37,8 @@ def paired(cfg: dict, reps: int, sleep_s: float = SLEEP_S) -> dict[str, list[flo
     """On every engine, interleaved so that each round sees the same machine: one step of the compute alone
     (`local`), its forward pass alone (`forward`), the overlap scheme's allreduces alone (`comm`: one async
     allreduce per gradient, last layer first), the naive and the overlapped step; then the same compute-alone and
-    overlapped steps with `sleep_s` of sleep in each Linear's backward (`*_sleep`: compute that leaves the cores
-    free). Return the seconds of each round."""
+    overlapped steps with `sleep_s` of sleep added to each Linear's backward (`*_sleep`: a longer backward that
+    leaves the cores free). Return the seconds of each round."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
