@@ -324,6 +324,7 @@ def test_a_node_cut_off_during_a_collective_is_a_dead_rank_named_by_slurm(cluste
     assert sl.nodes() == {"h1": "idle", "h2": "idle", "h3": "idle"} and sl.jobs() == []
 
 
+@needs_root
 @pytest.mark.timeout(120)
 def test_a_killed_slurmd_marks_its_node_down(cluster):
     lab, sl = cluster
