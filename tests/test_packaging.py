@@ -207,6 +207,7 @@ def _ddp(x: dict) -> list[str]:
 def _ddp_lab(x: dict) -> list[str]:
     from kit.bench.ddp import horovod_note
     from kit.bench.ddp_lab import claims, table
+    assert x["claims"] == [[list(c) for c in claims(run)] for run in x["runs"]], "results/ddp_lab.json's claims"
     return ([table(run) for run in x["runs"]] + [text for run in x["runs"] for _, _, text in claims(run)]
             + [horovod_note(run) for run in x["runs"]])
 

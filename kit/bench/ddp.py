@@ -222,6 +222,11 @@ def by_scheme(x: dict) -> dict:
     return {r["scheme"]: r for r in x["rows"]}
 
 
+def first(x: dict, kind: str) -> dict:
+    """The first row of a scheme kind, whatever its bucket size: first(x, "ddp") is the `ddp:<bytes>` row."""
+    return next(r for r in x["rows"] if r["scheme"].partition(":")[0] == kind)
+
+
 def table(x: dict) -> str:
     """The markdown table of every scheme: step time, collectives and bytes per step, correctness."""
     out = ["| scheme | step ms | collectives / step | bytes handed / step | sent per rank (ring model) | "
@@ -240,7 +245,7 @@ def calls_cell(r: dict) -> str:
 
 def horovod_note(x: dict) -> str:
     """Horovod's DistributedOptimizer against DDP on a run, from its numbers: median and spread of the steps."""
-    h, d = by_scheme(x)["horovod"], next(r for r in x["rows"] if r["scheme"].startswith("ddp:"))
+    h, d = by_scheme(x)["horovod"], first(x, "ddp")
     (lo, hi), (dlo, dhi) = h["step_ms_range"], d["step_ms_range"]
     out = (f"Horovod's DistributedOptimizer handed the {h['calls']} gradients one by one to its background thread, "
            f"which fuses whatever is ready each cycle: {h['step_ms']:.1f} ms per step (median; {lo:.0f}–{hi:.0f} over "
@@ -270,8 +275,7 @@ def summary(x: dict) -> str:
     s, N = by_scheme(x), x["N"]
     buckets = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
     best = min(buckets, key=lambda r: r["step_ms"])
-    ddp = next(r for r in x["rows"] if r["scheme"].startswith("ddp:"))
-    fp16 = next(r for r in x["rows"] if r["scheme"].startswith("ddp_fp16:"))
+    ddp, fp16 = first(x, "ddp"), first(x, "ddp_fp16")
     ok = all(r["ok"] for r in x["rows"] if r["ok"] is not None)
     return (f"ddp: N={N} gloo engines, MLP K={x['K']:,} B in {x['tensors']} tensors: every scheme equals one-process "
             f"SGD on the {N}x batch: {ok}; step ms: compute only {s['local']['step_ms']:.1f}, naive "

@@ -110,8 +110,7 @@ def claims(x: dict) -> list[tuple[str, bool, str]]:
                     ": even with free cores it hid less than half, so the cores alone do not explain this run"
                     if hidden_sleep > 0 else ""))
     out.append(("overlap", held, text))
-    ddp = next(r for r in x["rows"] if r["scheme"].startswith("ddp:"))
-    fp16 = next(r for r in x["rows"] if r["scheme"].startswith("ddp_fp16:"))
+    ddp, fp16 = ddpx.first(x, "ddp"), ddpx.first(x, "ddp_fp16")
     ratio = float(np.mean(fp16["nic_tx"]) / np.mean(ddp["nic_tx"]))
     out.append(("fp16", abs(ratio - 0.5) <= BYTES_TOL * 0.5,
                 f"each NIC sent {np.mean(fp16['nic_tx']):,.0f} bytes per step with the fp16 hook, "
@@ -190,7 +189,7 @@ def summary(xs: list[dict], seconds: float) -> str:
         p = {k: v["ms"] for k, v in x["paired"].items()}
         parts.append(f"N={x['N']}: compute {p['local']:.1f} ms, comm {p['comm']:.1f}, naive {p['naive']:.1f}, "
                      f"overlap {p['overlap']:.1f} ({p['overlap'] / max(p['local'], p['comm']):.2f}x max), DDP "
-                     f"{next(r for r in x['rows'] if r['scheme'].startswith('ddp:'))['step_ms']:.1f}, Horovod "
+                     f"{ddpx.first(x, 'ddp')['step_ms']:.1f}, Horovod "
                      f"{ddpx.by_scheme(x)['horovod']['step_ms']:.1f}; checks "
                      + ", ".join(f"{k} {'held' if h else 'FAILED'}" for k, (h, _) in c.items()))
     return f"ddp_lab at {xs[0]['rate']}: " + "; ".join(parts) + f"; {seconds:.0f} s"
