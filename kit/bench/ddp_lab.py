@@ -8,8 +8,9 @@ host of a kit.netlab lab, links shaped to `rate`, the bytes counted on each host
 On loopback (section 4) nothing limits the bytes, so overlap and compression show little. Here the link does: a
 step's allreduces of K bytes need at least 2(N−1)/N·K/B on the wire. What the lessons predict, checked:
   overlap   the overlapped step takes about max(compute, comm), not compute + comm: measured in interleaved rounds
-            (`paired`: compute alone, its forward alone, the per-gradient allreduces alone, naive, overlapped), and with
-            a sleep added to each layer's backward: a longer backward that leaves the cores free;
+            (`paired`: compute alone, its forward and its optimizer step alone, the per-gradient allreduces alone,
+            naive, overlapped), and with a sleep added to each layer's backward: a longer backward that leaves the
+            cores free;
   fp16      DDP's fp16 compress hook halves the bytes each NIC sends;
   bytes     what each NIC sends per step is the ring model's 2(N−1)/N per allreduced byte (headers included);
   memory    FSDP2 holds 1/N of the parameters, gradients and momentum; ZeRO-2 1/N of the gradients and momentum;
@@ -35,7 +36,8 @@ SLEEP_S = 0.004                   # the sleep added to each Linear's backward in
 
 def paired(cfg: dict, reps: int, sleep_s: float = SLEEP_S) -> dict[str, list[float]]:
     """On every engine, interleaved so that each round sees the same machine: one step of the compute alone
-    (`local`), its forward pass alone (`forward`), the overlap scheme's allreduces alone (`comm`: one async
+    (`local`), its forward pass alone (`forward`), its optimizer step alone (`step`, on the gradients the `local`
+    round left), the overlap scheme's allreduces alone (`comm`: one async
     allreduce per gradient, last layer first), the naive and the overlapped step; then the same compute-alone and
     overlapped steps with `sleep_s` of sleep added to each Linear's backward (`*_sleep`: a longer backward that
     leaves the cores free). Return the seconds of each round."""
@@ -56,18 +58,19 @@ def paired(cfg: dict, reps: int, sleep_s: float = SLEEP_S) -> dict[str, list[flo
     dp.naive_allreduce_hooks(steps["naive"][0])
     grads = [torch.ones_like(p) for p in steps["local"][0].parameters()][::-1]
 
-    def comm():
+    def comm(*_):
         for h in [dist.all_reduce(g, async_op=True) for g in grads]:
             h.wait()
     def forward(x, y):                    # what comes before any gradient exists: no allreduce can overlap it
         F.cross_entropy(steps["local"][0](x), y)
-    out = {k: [] for k in ("local", "forward", "comm", "naive", "overlap", "local_sleep", "overlap_sleep")}
+    out = {k: [] for k in ("local", "forward", "step", "comm", "naive", "overlap", "local_sleep", "overlap_sleep")}
+    timed = {"comm": comm, "forward": forward, "step": lambda x, y: steps["local"][1].step()}
     for step in range(cfg["warmup"] + reps):
         x, y = ddpx.batch(cfg, step, rank, world)
         for key in out:
             dist.barrier()
             t0 = time.perf_counter()
-            comm() if key == "comm" else forward(x, y) if key == "forward" else ddpx.train_step(*steps[key], x, y)
+            timed[key](x, y) if key in timed else ddpx.train_step(*steps[key], x, y)
             out[key].append(time.perf_counter() - t0)
     return {k: v[cfg["warmup"]:] for k, v in out.items()}
 
@@ -91,18 +94,20 @@ def claims(x: dict) -> list[tuple[str, bool, str]]:
     """Each lesson checked on the run: (name, held, a sentence from the run's numbers)."""
     s, N, out = ddpx.by_scheme(x), x["N"], []
     p = {k: v["ms"] for k, v in x["paired"].items()}
-    local, fwd, comm, naive, over = p["local"], p["forward"], p["comm"], p["naive"], p["overlap"]
+    local, fwd, opt, comm, naive, over = p["local"], p["forward"], p["step"], p["comm"], p["naive"], p["overlap"]
     held = over <= (1 + OVERLAP_SLACK) * max(local, comm)
     hidden, hidden_sleep = local + comm - over, p["local_sleep"] + comm - p["overlap_sleep"]
-    best = fwd + max(local - fwd, comm)      # backward (and the step) overlap the allreduces; forward cannot
+    bwd = local - fwd - opt                  # only backward can overlap the allreduces: forward and the step cannot
+    best = fwd + max(bwd, comm) + opt
     text = (f"compute alone {local:.1f} ms, the allreduces alone {comm:.1f} ms "
             f"({x['paired']['comm']['range'][0]:.0f}–{x['paired']['comm']['range'][1]:.0f} over the rounds): naive "
             f"step {naive:.1f} ms, overlapped {over:.1f} ms = {over / max(local, comm):.2f}× max(compute, comm) "
-            f"(allowed {1 + OVERLAP_SLACK:.2f}×). The forward pass ({fwd:.1f} ms) runs before any gradient exists, so "
-            f"no step can beat forward + max(the rest of compute, comm) = {best:.1f} ms; the overlapped step took "
-            f"{over / best:.2f}× that, and " + _hid(hidden, min(local - fwd, comm)))
+            f"(allowed {1 + OVERLAP_SLACK:.2f}×). The forward pass ({fwd:.1f} ms) runs before any gradient exists "
+            f"and the optimizer's step ({opt:.1f} ms) after the last allreduce, so no step can beat forward + "
+            f"max(backward, comm) + step = {best:.1f} ms; the overlapped step took {over / best:.2f}× that, and "
+            + _hid(hidden, min(bwd, comm)))
     if not held:
-        could = min(p["local_sleep"] - fwd, comm)
+        could = min(p["local_sleep"] - fwd - opt, comm)
         text += (f". With a {1e3 * SLEEP_S:.0f} ms sleep added to each layer's backward (a longer backward that "
                  f"leaves the cores free: {p['local_sleep']:.1f} ms alone): " + _hid(hidden_sleep, could)
                  + (": here the cores, not the method, were missing; compute and the allreduces' threads share "
