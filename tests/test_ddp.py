@@ -246,3 +246,38 @@ def test_the_wire_checks_hold_on_the_recorded_run_and_fail_when_the_bytes_are_of
     assert ddp_lab.gloo_bytes(f, 3) > 1.3 * f["sent"] and abs(max(f["nic_tx"]) / ddp_lab.gloo_bytes(f, 3) - 1) < 0.03
     rows["zero"]["held"]["grads"] *= 3                      # a ZeRO that kept the full gradient
     assert not _claim(x, "memory")[0]
+
+
+@pytest.mark.timeout(120)
+def test_the_timeline_records_every_allreduce_from_launch_to_done(cluster3):
+    from kit.bench import ddp_lab
+    per_rank = cluster3.view.apply_sync(ddp_lab.timeline, TINY, 3)
+    params = [p for p in ddpx.make_model(TINY).parameters()]
+    for rank, steps in enumerate(per_rank):
+        assert len(steps) == 3
+        for t in steps:
+            assert t["rank"] == rank and 0 < t["forward"] <= t["backward"] <= t["summed"] <= t["end"]
+            ar = t["allreduces"]   # one per gradient, in backward's order: the last layer's first
+            assert [a["bytes"] for a in ar] == [4 * p.numel() for p in params][::-1]
+            assert all(t["forward"] <= a["launched"] <= t["backward"] and a["launched"] <= a["done"] for a in ar)
+    slowest = ddp_lab.median_step(per_rank)
+    ends = sorted(max(ranks, key=lambda t: t["end"])["end"] for ranks in zip(*per_rank))
+    assert slowest["end"] == ends[1]
+
+
+def test_the_timeline_sentence_says_what_ran_during_backward():
+    from kit.bench import ddp_lab
+    x = _lab_run()
+    x["paired"]["comm"]["ms"] = 40.0
+    x["timeline"] = {"rank": 2, "forward": 2.0, "backward": 6.0, "summed": 50.0, "end": 52.0, "allreduces": [
+        {"bytes": 40, "launched": 2.5, "done": 5.0}, {"bytes": 589824, "launched": 3.0, "done": 30.0},
+        {"bytes": 393216, "launched": 5.5, "done": 50.0}]}
+    text = ddp_lab.timeline_text(x)
+    assert "forward ended at 2.0 ms and backward at 6.0 ms, its hooks having launched all 3 allreduces" in text
+    assert "the first (40 bytes), launched at 2.5 ms, was done at 5.0 ms, and 1 of the 3 were done before" in text
+    assert "the last was done at 50.0 ms, and the step ended at 52.0 ms" in text
+    assert "took 47.5 ms beside the compute, 1.19× the 40.0 ms they took alone" in text
+    ax = ddp_lab.plot_timeline(x)
+    assert len(ax.get_yticks()) == 3 + 2
+    import matplotlib.pyplot as plt
+    plt.close(ax.figure)

@@ -206,10 +206,10 @@ def _ddp(x: dict) -> list[str]:
 
 def _ddp_lab(x: dict) -> list[str]:
     from kit.bench.ddp import horovod_note
-    from kit.bench.ddp_lab import claims, table
+    from kit.bench.ddp_lab import claims, table, timeline_text
     assert x["claims"] == [[list(c) for c in claims(run)] for run in x["runs"]], "results/ddp_lab.json's claims"
     return ([table(run) for run in x["runs"]] + [text for run in x["runs"] for _, _, text in claims(run)]
-            + [horovod_note(run) for run in x["runs"]])
+            + [horovod_note(run) for run in x["runs"]] + [timeline_text(run) for run in x["runs"]])
 
 
 def _elastic(x: dict) -> list[str]:

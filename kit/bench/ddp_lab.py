@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from kit.bench import ddp as ddpx
-from kit.comm import dp
+from kit.comm import costmodel, dp
 
 SCHEMES = ["local", "naive", "overlap", f"buckets:{4 << 20}", f"ddp:{ddpx.DDP_BUCKET}",
            f"ddp_fp16:{ddpx.DDP_BUCKET}", "horovod", "zero", "fsdp"]
@@ -75,10 +75,61 @@ def paired(cfg: dict, reps: int, sleep_s: float = SLEEP_S) -> dict[str, list[flo
     return {k: v[cfg["warmup"]:] for k, v in out.items()}
 
 
+def timeline(cfg: dict, reps: int) -> list[dict]:
+    """On every engine: `reps` overlapped steps (after cfg["warmup"]), each as a timeline in ms from its start: when
+    forward and backward ended, when finish() returned (every sum in) and when the optimizer's step ended; and
+    each gradient's allreduce: when its hook launched it and when Gloo's thread completed it (a callback on the
+    Work's future, so a completion during backward is seen when it happens, not when finish() waits for it)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t0, grads, chained = [0.0], [], []
+
+    class Timed(dp.Overlap):
+        def _launch(self, p):
+            super()._launch(p)
+            grads.append({"bytes": p.grad.numel() * p.grad.element_size(), "launched": _ms(t0[0])})
+            rec = grads[-1]
+            chained.append(self.pending[-1][1].get_future().then(lambda _: rec.__setitem__("done", _ms(t0[0]))))
+    model = ddpx.make_model(cfg)
+    hooks, opt, out = Timed(model), ddpx.sgd(model.parameters(), cfg), []
+    for step in range(cfg["warmup"] + reps):
+        x, y = ddpx.batch(cfg, step, rank, world)
+        grads.clear(), chained.clear()
+        dist.barrier()
+        t0[0] = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        forward = _ms(t0[0])
+        loss.backward()
+        backward = _ms(t0[0])
+        hooks.finish()
+        summed = _ms(t0[0])
+        opt.step()
+        end = _ms(t0[0])
+        for fut in chained:                 # every completion callback has run
+            fut.wait()
+        out.append({"rank": rank, "forward": forward, "backward": backward, "summed": summed, "end": end,
+                    "allreduces": [dict(g) for g in grads]})
+    hooks.remove()
+    return out[cfg["warmup"]:]
+
+
+def _ms(t0: float) -> float:
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def median_step(per_rank: list[list[dict]]) -> dict:
+    """Of each step, the timeline of its slowest rank; of those, the step whose end is the median."""
+    slowest = [max(ranks, key=lambda t: t["end"]) for ranks in zip(*per_rank)]
+    return sorted(slowest, key=lambda t: t["end"])[len(slowest) // 2]
+
+
 def experiment(cluster, cfg: dict | None = None, names: list[str] | None = None, rate: str | None = None) -> dict:
     """Run `names` (default SCHEMES) on `cluster` (engines on lab hosts), then the interleaved overlap rounds
-    (`paired`); return kit.bench.ddp.experiment's result with each row's NIC bytes per step, and `paired`: per
-    round kind the slowest rank's median ms and its range over the rounds."""
+    (`paired`) and the timed overlapped steps (`timeline`); return kit.bench.ddp.experiment's result with each
+    row's NIC bytes per step, `paired`: per round kind the slowest rank's median ms and its range over the rounds,
+    and `timeline`: the median step's slowest rank's timeline."""
     cfg = {**ddpx.CFG, **CFG, **(cfg or {})}
     x = ddpx.experiment(cluster, cfg=cfg, names=names or SCHEMES, alpha_beta=False)   # the link's B is set
     per_rank = cluster.wait(cluster.view.apply_async(paired, cfg, cfg["reps"]))
@@ -86,6 +137,7 @@ def experiment(cluster, cfg: dict | None = None, names: list[str] | None = None,
     for key in per_rank[0]:
         slowest = 1e3 * np.max([r[key] for r in per_rank], axis=0)
         x["paired"][key] = {"ms": float(np.median(slowest)), "range": [float(slowest.min()), float(slowest.max())]}
+    x["timeline"] = median_step(cluster.wait(cluster.view.apply_async(timeline, cfg, cfg["reps"])))
     x["rate"] = rate
     return x
 
@@ -144,6 +196,48 @@ def _hid(ms: float, could: float) -> str:
     if ms < 0:
         return f"nothing was hidden (the overlapped step took {-ms:.1f} ms more than compute + comm)"
     return f"the overlap hid {ms:.1f} of the {could:.1f} ms it could hide"
+
+
+def timeline_text(x: dict) -> str:
+    """What the median overlapped step's timeline shows (`timeline`), in a sentence from its numbers."""
+    t, comm = x["timeline"], x["paired"]["comm"]["ms"]
+    ar = t["allreduces"]
+    first, last = ar[0], max(ar, key=lambda a: a["done"])
+    during = sum(a["done"] <= t["backward"] for a in ar)
+    span = last["done"] - first["launched"]
+    return (f"one overlapped step of rank {t['rank']} (of each step the slowest rank, the median step: {t['end']:.1f} "
+            f"ms): forward ended at {t['forward']:.1f} ms and backward at {t['backward']:.1f} ms, its hooks having "
+            f"launched all {len(ar)} allreduces; the first ({first['bytes']:,} bytes), launched at "
+            f"{first['launched']:.1f} ms, was done at {first['done']:.1f} ms, and {during} of the {len(ar)} were "
+            f"done before backward ended; the last was done at {last['done']:.1f} ms, and the step ended at "
+            f"{t['end']:.1f} ms. From the first launch to the last sum the allreduces took {span:.1f} ms beside the "
+            f"compute, {span / comm:.2f}× the {comm:.1f} ms they took alone (median of the rounds)")
+
+
+def plot_timeline(x: dict, ax=None):
+    """The median overlapped step (`timeline`): compute on the top lane, each gradient's allreduce from launch to
+    done below it, and the same allreduces alone (no compute) from the first launch, at the bottom."""
+    import matplotlib.pyplot as plt
+    t, ar = x["timeline"], x["timeline"]["allreduces"]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 3.8))
+    top = len(ar) + 1
+    for (a, b), name, color in zip([(0, t["forward"]), (t["forward"], t["backward"]), (t["backward"], t["summed"]),
+                                    (t["summed"], t["end"])],
+                                   ["forward", "backward", "waiting for the sums", "optimizer step"],
+                                   ["C0", "C1", "0.85", "C2"]):
+        ax.broken_barh([(a, b - a)], (top - 0.4, 0.8), color=color, label=name)
+    for i, r in enumerate(ar):
+        ax.broken_barh([(r["launched"], r["done"] - r["launched"])], (top - 1 - i - 0.35, 0.7), color="C3",
+                       label="an allreduce: launched → done (queued, then on the wire)" if i == 0 else None)
+    ax.broken_barh([(ar[0]["launched"], x["paired"]["comm"]["ms"])], (-0.4, 0.8), color="none", edgecolor="k",
+                   hatch="//", label="the same allreduces alone (median)")
+    ax.set_yticks([top, *range(top - 1, 0, -1), 0],
+                  ["compute", *[costmodel.human(r["bytes"]) for r in ar], "alone"], fontsize=7)
+    ax.set_xlabel("ms from the start of the step")
+    ax.set_title(f"one overlapped step at {x['rate']}, N = {x['N']} (rank {t['rank']}, the median step)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return ax
 
 
 def gloo_bytes(row: dict, N: int) -> float:
@@ -227,7 +321,8 @@ SETTINGS = {"tiny": dict(ns=(2,), cfg=dict(sizes=(16, 32, 32, 4), batch=8, reps=
 
 
 def bench(out_dir, quick: bool = False, tiny: bool = False):
-    """python -m kit.bench ddp_lab: notebook 05's schemes on 2, 3 and 4 lab hosts at 1 Gbit/s; ddp_lab.png."""
+    """python -m kit.bench ddp_lab: notebook 05's schemes on 2, 3 and 4 lab hosts at 1 Gbit/s; ddp_lab.png and
+    ddp_lab_timeline.png (the median overlapped step at each N)."""
     import matplotlib.pyplot as plt
     s = SETTINGS["tiny" if tiny else "quick" if quick else "full"]
     t0 = time.time()
@@ -235,4 +330,10 @@ def bench(out_dir, quick: bool = False, tiny: bool = False):
     ax = plot(xs)
     ax.figure.savefig(out_dir / "ddp_lab.png", dpi=110, bbox_inches="tight")
     plt.close(ax.figure)
+    fig, axes = plt.subplots(len(xs), 1, figsize=(11, 3.8 * len(xs)), squeeze=False)
+    for x, ax in zip(xs, axes[:, 0]):
+        plot_timeline(x, ax)
+    fig.tight_layout()
+    fig.savefig(out_dir / "ddp_lab_timeline.png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
     return {"runs": xs, "claims": [[list(c) for c in claims(x)] for x in xs]}, summary(xs, time.time() - t0)
