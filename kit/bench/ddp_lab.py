@@ -230,7 +230,7 @@ def plot_timeline(x: dict, ax=None):
     for i, r in enumerate(ar):
         ax.broken_barh([(r["launched"], r["done"] - r["launched"])], (top - 1 - i - 0.35, 0.7), color="C3",
                        label="an allreduce: launched → done (queued, then on the wire)" if i == 0 else None)
-    ax.broken_barh([(ar[0]["launched"], x["paired"]["comm"]["ms"])], (-0.4, 0.8), color="none", edgecolor="k",
+    ax.broken_barh([(ar[0]["launched"], x["paired"]["comm"]["ms"])], (-0.4, 0.8), facecolor="white", edgecolor="k",
                    hatch="//", label="the same allreduces alone (median)")
     ax.set_yticks([top, *range(top - 1, 0, -1), 0],
                   ["compute", *[costmodel.human(r["bytes"]) for r in ar], "alone"], fontsize=7)
