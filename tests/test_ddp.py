@@ -252,7 +252,7 @@ def test_the_wire_checks_hold_on_the_recorded_run_and_fail_when_the_bytes_are_of
 def test_the_timeline_records_every_allreduce_from_launch_to_done(cluster3):
     from kit.bench import ddp_lab
     per_rank = cluster3.view.apply_sync(ddp_lab.timeline, TINY, 3)
-    params = [p for p in ddpx.make_model(TINY).parameters()]
+    params = list(ddpx.make_model(TINY).parameters())
     for rank, steps in enumerate(per_rank):
         assert len(steps) == 3
         for t in steps:

@@ -95,7 +95,8 @@ def timeline(cfg: dict, reps: int) -> list[dict]:
     hooks, opt, out = Timed(model), ddpx.sgd(model.parameters(), cfg), []
     for step in range(cfg["warmup"] + reps):
         x, y = ddpx.batch(cfg, step, rank, world)
-        grads.clear(), chained.clear()
+        grads.clear()
+        chained.clear()
         dist.barrier()
         t0[0] = time.perf_counter()
         opt.zero_grad()
