@@ -294,6 +294,79 @@ def test_the_table_gives_each_rounds_throughput_and_the_step_times_spread():
     assert one["rounds"] == [[one["samples_per_s"], one["step_ms"]]] and one["step_spread"] == 0
 
 
+def _swept(per_w: dict) -> dict:
+    """sweep_experiment's result for recorded runs: {W: [(wait_s, compute_s) of each round]}, 6 steps of 10."""
+    def run(wait_s, compute_s):
+        m = monitor.Monitor(nvml=False)
+        for _ in range(6):
+            m.record(wait_s, compute_s, samples=10)
+        return m
+    rows = data.table({w: monitor.merge([run(*r) for r in rounds]) for w, rounds in per_w.items()})
+    best = max(rows, key=lambda r: r["samples_per_s"])
+    return {"rows": rows, "best": best, "at_0": rows[0], "speedup": best["samples_per_s"] / rows[0]["samples_per_s"]}
+
+
+class _Load:
+    def __init__(self, others, cores=2):
+        self.others, self.cores = others, cores
+
+
+def test_the_lesson_holds_by_throughput_and_says_so_from_the_numbers():
+    from kit.data import lesson
+    res = _swept({0: [(0.06, 0.03)] * 3, 2: [(0.002, 0.032)] * 3})     # 90 ms -> 34 ms per step
+    held, text = lesson.verdict(res, 0.030, _Load(0.02))
+    assert held and "num_workers=2 raised throughput 2.6x (per round 2.6x-2.6x over 3 rounds)" in text
+    assert "The step alone took 30.0 ms (calibration)" in text and "up to 32.0 ms beside the workers" in text
+    assert "other processes kept 2% of the 2 cores busy" in text and "The machine was busy" not in text
+    held, text = lesson.verdict(res, 0.020, _Load(0.6))                 # slowed 1.6x, others busy: it held anyway
+    assert held and "(num_workers=2, 1.6x its time alone)" in text and "still paid off" in text
+
+
+def test_a_busy_machine_that_breaks_the_lesson_is_said_plainly_with_its_reason():
+    """The forced failing case of notebook 01: another process holds the cores, the step computes 2.4x its
+    calibrated time beside the workers, and the workers lose throughput: the prose says so and why."""
+    from kit.data import lesson
+    res = _swept({0: [(0.03, 0.035)] * 3, 1: [(0.02, 0.06), (0.02, 0.065), (0.02, 0.07)], 2: [(0.01, 0.072)] * 3})
+    held, text = lesson.verdict(res, 0.030, _Load(0.55))
+    assert not held and text.startswith("**This run does not show the lesson**: the most samples/s were at "
+                                        "num_workers=0, 1.00x of loading in the loop")
+    assert "up to 72.0 ms beside the workers (num_workers=2, 2.4x its time alone)" in text
+    assert "other processes kept 55% of the 2 cores busy" in text
+    assert "the workers took cores the step needed. Re-run on a quiet machine, or with fewer workers." in text
+    held, text = lesson.verdict(res, 0.070, _Load(0.55))                 # not slowed, but others were busy
+    assert not held and "the cores were shared with other work" in text
+    held, text = lesson.verdict(res, 0.070, _Load(0.0))                  # quiet and not slowed: loading was cheap
+    assert not held and "loading was not what held the step back here" in text and "larger `IO_MS`" in text
+    held, text = lesson.verdict(_swept({0: [(0.05, 0.03)], 2: [(0.04, 0.031)]}), 0.03)   # under 1.2x: not enough
+    assert not held and "num_workers=2, 1.13x of loading in the loop. The step" in text
+    assert "other processes" not in text                                    # no MachineLoad given: nothing said
+
+
+def test_the_calibration_is_the_fastest_step_on_a_batch_in_memory(store):
+    from kit.data import lesson
+    times = iter([0.05, 0.012, 0.010, 0.011])
+    seen = []
+    step = lambda batch: (seen.append(batch[0].shape), time.sleep(next(times)))   # noqa: E731
+    alone = lesson.calibrate(step, data.ImageDataset(store), 8, reps=3)
+    assert 0.010 <= alone < 0.0115 and seen == [torch.Size([8, 1, 28, 28])] * 4
+
+
+def test_machine_load_counts_a_busy_process_that_is_not_ours():
+    import subprocess
+    import sys
+    from kit.data import lesson
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        with lesson.MachineLoad() as load:
+            time.sleep(1.0)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert load.seconds >= 1.0 and load.cores >= 1
+    assert 0.8 / load.cores <= load.others <= 1.0          # one spinning core of `cores`, and whatever else ran
+
+
 @pytest.mark.timeout(600)
 def test_bench_loading_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     from kit import bench

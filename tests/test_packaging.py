@@ -157,7 +157,15 @@ def _loading(x: dict) -> list[str]:
         err = "fitted" if r["workers"] in x["fit_workers"] else f"{100 * r['model_error']:.1f}%"
         rows.append(f"| {r['workers']} | {r['samples_per_s']:.0f} | {100 * r['busy']:.0f}% | {r['wait_ms']:.1f} | "
                     f"{r['step_ms']:.1f} | {r['predicted_ms']:.1f} | {err} |")
-    return ["\n".join(rows)]
+    from types import SimpleNamespace
+
+    from kit.data.lesson import verdict
+    sweep, lesson = x["sweep"], x["lesson"]
+    best, zero = next(r for r in sweep if r["workers"] == x["best_workers"]), sweep[0]
+    res = {"rows": sweep, "best": best, "at_0": zero, "speedup": best["samples_per_s"] / zero["samples_per_s"]}
+    load = SimpleNamespace(others=lesson["others"], cores=lesson["cores"])
+    assert verdict(res, lesson["alone_ms"] / 1e3, load) == (lesson["held"], lesson["text"]), "the stored verdict"
+    return ["\n".join(rows), lesson["text"]]
 
 
 def _ps(x: dict) -> list[str]:

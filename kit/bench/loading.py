@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kit.data import pipeline
+from kit.data import lesson, pipeline
 from kit.plots import figure, plot_sweep, plot_timelines
 
 
@@ -13,8 +13,11 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     steps, rounds = (12, 1) if quick else (30, 3)
     workers = (0, 1, 2) if quick else (0, 1, 2, 3, 4, 6)
     store, dataset, step = pipeline.setup(steps)
-    res = pipeline.sweep_experiment(dataset, step, workers, steps, pipeline.DEFAULT["batch_size"], rounds,
-                                    fit_workers=(0, 2))
+    alone = lesson.calibrate(step, dataset, pipeline.DEFAULT["batch_size"], sync=pipeline.sync_fn())
+    with lesson.MachineLoad() as load:
+        res = pipeline.sweep_experiment(dataset, step, workers, steps, pipeline.DEFAULT["batch_size"], rounds,
+                                        fit_workers=(0, 2))
+    held, said = lesson.verdict(res, alone, load)
     rows, best, mons = res["rows"], res["best"], res["mons"]
     fig, axes = figure(3, figsize=(12.6, 3.2))
     plot_sweep(rows, ax=axes[0], title="default demo")
@@ -27,8 +30,12 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
                f"num_workers={best['workers']} ({res['speedup']:.1f}x, busy {100 * best['busy']:.0f}%); "
                f"model max(t_load/W_eff, t_compute) "
                f"fitted to W=0 and 2, within {100 * res['held_out_error']:.0f}% of measured step time on the other "
-               f"W ({', '.join(str(w) for w in workers if w not in res['fit_workers'])})")
+               f"W ({', '.join(str(w) for w in workers if w not in res['fit_workers'])}); lesson "
+               f"{'held' if held else 'NOT shown'} (step alone {1e3 * alone:.1f} ms; other processes "
+               f"{100 * load.others:.0f}% of {load.cores} cores)")
     result = {"settings": {**pipeline.DEFAULT, "steps": steps, "rounds": rounds, "torch_threads": 1}, "fit": res["fit"],
               "fit_workers": list(res["fit_workers"]), "sweep": rows, "busy_at_0": res["at_0"]["busy"],
-              "best_busy": best["busy"], "best_workers": best["workers"], "held_out_error": res["held_out_error"]}
+              "best_busy": best["busy"], "best_workers": best["workers"], "held_out_error": res["held_out_error"],
+              "lesson": {"held": held, "text": said, "alone_ms": 1e3 * alone, "others": load.others,
+                         "cores": load.cores}}
     return result, summary

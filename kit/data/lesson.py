@@ -1,0 +1,92 @@
+"""Notebook 01's lesson checked on its own run: did loading in parallel raise throughput, and if not, why not?
+
+    alone = calibrate(step, dataset, batch)         # the step on a batch already in memory: what it takes here
+    with MachineLoad() as load:                     # the CPU that OTHER processes used meanwhile
+        res = sweep_experiment(dataset, step, ...)
+    held, text = verdict(res, alone, load)          # judged by throughput; the machine's state said either way
+
+The calibration is what the workload should take on this machine: the fastest of a few steps with nothing to
+load. Beside it, the step's own compute during the sweep (with W = 0 and beside the workers) shows whether the
+step had its cores, and `MachineLoad` whether another process was using them.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+
+SPEEDUP = 1.2       # the lesson holds when the best W gives at least this many times W = 0's samples/s
+SLOWED = 1.5        # the step "was slowed" when it computed this many times its calibrated time
+OTHERS = 0.25       # "other processes were busy" when they used this share of the cores
+
+
+def calibrate(step, dataset, batch: int, reps: int = 10, sync=None) -> float:
+    """Return the training step's time alone (s): the fastest of `reps` steps on one batch already in memory."""
+    from kit.data.pipeline import make_loader
+    x = next(iter(make_loader(dataset, batch, num_workers=0)))
+    best = float("inf")
+    for _ in range(reps + 1):                       # the first is a warm-up
+        t0 = time.perf_counter()
+        step(x)
+        if sync:
+            sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+class MachineLoad:
+    """Inside the block, the share of the machine's cores that processes other than this one and its (reaped)
+    children kept busy: `others` (0 = quiet, 1 = every core busy with someone else's work), `cores`, `seconds`."""
+
+    def __enter__(self):
+        self.cores = psutil.cpu_count() or os.cpu_count() or 1
+        self._t, self._machine, self._ours = time.perf_counter(), _busy(psutil.cpu_times()), _ours()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._t
+        busy = _busy(psutil.cpu_times()) - self._machine
+        self.others = min(1.0, max(0.0, busy - (_ours() - self._ours)) / (self.seconds * self.cores))
+        return False
+
+
+def _busy(t) -> float:
+    return sum(v for k, v in t._asdict().items() if k not in ("idle", "iowait", "steal", "guest", "guest_nice"))
+
+
+def _ours() -> float:
+    t = psutil.Process().cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def verdict(res: dict, alone: float, load: MachineLoad | None = None) -> tuple[bool, str]:
+    """Judge the lesson on `res` (kit.data.sweep_experiment's result) by throughput; say how the step fared
+    against its calibrated time `alone` (s) and what `load` saw. Return (held, markdown)."""
+    rows, best, zero = res["rows"], res["best"], res["at_0"]
+    w = best["workers"]
+    held = w != 0 and res["speedup"] >= SPEEDUP
+    ups = [b / z for (b, _), (z, _) in zip(best["rounds"], zero["rounds"])]
+    per_round = f" (per round {min(ups):.1f}x-{max(ups):.1f}x over {len(ups)} rounds)" if len(ups) > 1 else ""
+    beside = max((r for r in rows if r["workers"]), key=lambda r: r["compute_ms"])
+    slowed = beside["compute_ms"] / (1e3 * alone)
+    machine = (f"The step alone took {1e3 * alone:.1f} ms (calibration); it computed {zero['compute_ms']:.1f} ms "
+               f"per step with loading in the loop and up to {beside['compute_ms']:.1f} ms beside the workers "
+               f"(num_workers={beside['workers']}, {slowed:.1f}x its time alone)")
+    busy_others = load is not None and load.others >= OTHERS
+    if load is not None:
+        machine += (f"; other processes kept {load.others:.0%} of the {load.cores} cores busy during the sweep")
+    if held:
+        text = (f"Loading in the training loop kept the step busy {zero['busy']:.0%} of the time; num_workers={w} "
+                f"raised throughput {res['speedup']:.1f}x{per_round}, busy {best['busy']:.0%}: the workers fed "
+                f"it. {machine}.")
+        if slowed >= SLOWED or busy_others:
+            text += " The machine was busy, and the workers still paid off."
+        return True, text
+    why = ("the workers took cores the step needed" if slowed >= SLOWED else
+           "the cores were shared with other work" if busy_others else
+           "loading was not what held the step back here (the step was not slowed and the machine was quiet)")
+    return False, (f"**This run does not show the lesson**: the most samples/s were at num_workers={w}, "
+                   f"{res['speedup']:.2f}x of loading in the loop{per_round}. {machine}: {why}. "
+                   + ("Re-run on a quiet machine, or with fewer workers." if slowed >= SLOWED or busy_others else
+                      "Make loading slower than the step (a larger `IO_MS`) to see what workers are for."))
