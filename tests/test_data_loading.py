@@ -351,6 +351,35 @@ def test_the_calibration_is_the_fastest_step_on_a_batch_in_memory(store):
     assert 0.010 <= alone < 0.0115 and seen == [torch.Size([8, 1, 28, 28])] * 4
 
 
+def test_a_gpu_gets_the_narrowest_model_whose_step_is_half_a_batchs_loading():
+    from kit.data import lesson
+    timed = []
+
+    def gpu_step(width):                         # an injected GPU: 2 ms at width 1, then width² (FLOPs)
+        timed.append(width)
+        return 0.002 * width ** 2
+    assert lesson.size_step(gpu_step, t_load=0.060) == (4, 0.032) and timed == [1, 2, 3, 4]   # >= 24 ms
+    assert lesson.size_step(gpu_step, t_load=0.002) == (1, 0.002)        # a slow step needs no widening
+    assert lesson.size_step(gpu_step, t_load=100.0, widths=(1, 2)) == (2, 0.008)   # none enough: the widest
+    jump = {1: 0.002, 2: 0.020, 3: 0.200}.get                            # 20 ms is under 40% of 60 ms, 200 ms
+    assert lesson.size_step(jump, t_load=0.060, widths=(1, 2, 3)) == (2, 0.020)   # overshoots: keep the narrower
+    assert lesson.size_step(jump, t_load=0.150, widths=(1, 2, 3)) == (3, 0.200)   # 20 ms < 30: too short to keep
+    with pytest.raises(ValueError, match="t_load must be a positive time"):
+        lesson.size_step(gpu_step, t_load=0)
+    assert lesson.worker_counts(2) == (0, 1, 2, 4) and lesson.worker_counts(16) == (0, 1, 2, 4, 8, 16)
+    assert lesson.worker_counts(12) == (0, 1, 2, 4, 8, 12)
+
+
+def test_the_cnn_widens_and_width_1_is_the_default_model(store):
+    x = torch.zeros(2, 1, 28, 28)
+    one, wide = data.make_model(), data.make_model(4)
+    assert [tuple(p.shape) for p in one.parameters()] == [tuple(p.shape) for p in data.make_model(1).parameters()]
+    assert one(x).shape == wide(x).shape == (2, 10)
+    assert [m.out_channels for m in wide if isinstance(m, torch.nn.Conv2d)] == [128, 256]
+    from kit.data import lesson
+    assert 0 < lesson.load_time(data.ImageDataset(store), 8) < 10         # a batch of 8, loaded in the loop
+
+
 def test_machine_load_counts_a_busy_process_that_is_not_ours():
     import subprocess
     import sys

@@ -17,6 +17,8 @@ from pathlib import Path
 from kit import cluster
 from kit import data
 from kit import sysinfo
+from kit.data import lesson
+from kit.env import cpu_cores
 
 
 def copy_rates(mib: int = 64, reps: int = 10, rounds: int = 5) -> dict:
@@ -39,12 +41,20 @@ def copy_rates(mib: int = 64, reps: int = 10, rounds: int = 5) -> dict:
     return {k: statistics.median(once(t) for _ in range(rounds)) for k, t in src.items()}
 
 
-def loader_sweep(workers=(0, 1, 2, 4, 8), steps: int = 30, rounds: int = 2) -> dict:
-    """Notebook 01's sweep on the GPU, pin_memory off and on: {pin: {W: stats incl. NVML gpu_util}}."""
-    _, dataset, step = data.setup(steps)                    # the step trains on cuda where it is available
-    out = {}
+def loader_sweep(workers=None, steps: int = 30, rounds: int = 2) -> dict:
+    """Notebook 01's sweep on the GPU, pin_memory off and on: {"width": the model's, "t_load_ms", "t_step_ms",
+    pin: {W: stats incl. NVML gpu_util}}. The model is sized as notebook 01 sizes it on a GPU
+    (`kit.data.lesson.size_step`: its step about half a batch's loading); workers up to the core count."""
+    _, dataset, _ = data.setup(steps)
+    batch, sync = data.DEFAULT["batch_size"], data.sync_fn()
+    t_load = lesson.load_time(dataset, batch)
+    width, t_step = lesson.size_step(
+        lambda w: lesson.calibrate(data.make_step(data.make_model(w)), dataset, batch, reps=3, sync=sync), t_load)
+    step = data.make_step(data.make_model(width))           # the step trains on cuda where it is available
+    out = {"width": width, "t_load_ms": 1e3 * t_load, "t_step_ms": 1e3 * t_step}
     for pin in (False, True):
-        mons = data.sweep(dataset, step, workers, steps, rounds=rounds, pin_memory=pin)
+        mons = data.sweep(dataset, step, workers or lesson.worker_counts(cpu_cores()), steps, rounds=rounds,
+                          pin_memory=pin)
         out[pin] = {w: m.stats() for w, m in mons.items()}
     return out
 
@@ -89,15 +99,20 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
                          "(scripts/gpu_check.sh runs it there with KIT_GPU_CHECK_BENCH=DIR)")
     gpu = torch.cuda.get_device_name(0)
     copies = copy_rates()
-    sweep = loader_sweep(workers=(0, 2, 4) if quick else (0, 1, 2, 4, 8), steps=20 if quick else 30)
+    sized = loader_sweep(workers=(0, 2, 4) if quick else None, steps=20 if quick else 30)
+    sweep = {pin: sized[pin] for pin in (False, True)}
     ars = [allreduce("nccl"), allreduce("gloo")]
     best = {pin: max(s, key=lambda w: s[w]["samples_per_s"]) for pin, s in sweep.items()}
     util = {pin: (s[0].get("gpu_util"), best[pin], s[best[pin]].get("gpu_util")) for pin, s in sweep.items()}
+    up = sweep[True][best[True]]["samples_per_s"] / sweep[True][0]["samples_per_s"]
     bw = "; ".join(f"{a['backend']}: " + (f"{a['busbw_gbps']:.1f} GB/s busbw" if "error" not in a else "refused")
                    for a in ars)
     pct = lambda u: "n/a (no NVML)" if u is None else f"{u:.0f}%"         # noqa: E731
     summary = (f"{gpu}: copy pageable {copies['pageable']:.1f} vs pinned {copies['pinned']:.1f} GB/s; "
-               f"NVML util W=0 {pct(util[True][0])} -> W={util[True][1]} {pct(util[True][2])} (pinned); "
+               f"CNN width x{sized['width']} (step {sized['t_step_ms']:.1f} ms, a batch's loading "
+               f"{sized['t_load_ms']:.1f} ms): NVML util W=0 {pct(util[True][0])} -> W={util[True][1]} "
+               f"{pct(util[True][2])}, {up:.1f}x samples/s (pinned); "
                f"64 MB allreduce, 2 engines: {bw}")
     return {"gpu": gpu, "copy_gbps": copies, "sweep": {str(k): v for k, v in sweep.items()},
-            "best_workers": {str(k): v for k, v in best.items()}, "allreduce": ars}, summary
+            "best_workers": {str(k): v for k, v in best.items()}, "allreduce": ars,
+            "sizing": {k: sized[k] for k in ("width", "t_load_ms", "t_step_ms")}, "speedup_pinned": up}, summary

@@ -35,6 +35,49 @@ def calibrate(step, dataset, batch: int, reps: int = 10, sync=None) -> float:
     return best
 
 
+def load_time(dataset, batch: int, batches: int = 3) -> float:
+    """Return the time (s) to load one batch in the training loop (num_workers=0): the median of `batches`."""
+    from kit.data.pipeline import make_loader
+    it, times = iter(make_loader(dataset, batch, num_workers=0)), []
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        next(it)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)      # each at most 1.5x the last: the step grows by at most ~2.25x
+
+
+def size_step(time_step, t_load: float, target: float = 0.4, widths=WIDTHS) -> tuple[int, float]:
+    """Return (width, seconds): the narrowest model width whose step, timed by `time_step(width)`, takes at least
+    `target` x t_load, unless that step overshoots t_load (then the width before it, if its step is at least half
+    the target); the widest if none is enough. A GPU runs the default CNN in a few ms, far below a batch's
+    loading, so it idles whatever the loader does. With the step at s x t_load (s from 0.4 to about 0.9), loading
+    in the loop keeps it busy s / (1 + s) of the time (29-47%), and enough workers nearly all of it:
+    (1 + s) / s, 2.1-3.5x the samples/s, in notebook 01's model."""
+    if not t_load > 0:
+        raise ValueError(f"t_load must be a positive time in seconds, got {t_load!r}")
+    before = None
+    for width in widths:
+        t = time_step(width)
+        if t >= target * t_load:
+            if t > t_load and before and before[1] >= target * t_load / 2:
+                return before
+            return width, t
+        before = width, t
+    return width, t
+
+
+def worker_counts(cores: int) -> tuple[int, ...]:
+    """The num_workers sweep for a machine of `cores` cores: 0, 1, 2, 4 and on, doubling, up to the core count."""
+    out, w = [0, 1, 2, 4], 8
+    while w < cores:
+        out.append(w)
+        w *= 2
+    return tuple(sorted(set(out) | ({cores} if cores > 4 else set())))
+
+
 class MachineLoad:
     """Inside the block, the share of the machine's cores that processes other than this one and its (reaped)
     children kept busy: `others` (0 = quiet, 1 = every core busy with someone else's work), `cores`, `seconds`."""

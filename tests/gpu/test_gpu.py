@@ -159,6 +159,19 @@ def test_pinned_copies_are_faster_and_the_loader_sweep_runs_on_the_gpu():
         assert all(0 < b <= 1 for b in busy.values()), busy
 
 
+def test_notebook_01_sized_for_the_gpu_starves_with_no_workers_and_is_fed_with_them():
+    """Issue #22's GPU point, on notebook 01's workload as sized for this GPU (`kit.data.lesson.size_step`): NVML
+    utilization at most 50% with loading in the loop, at least 80% at the best num_workers, 1.5x the samples/s."""
+    from kit.bench.gpu import loader_sweep
+    s = loader_sweep(steps=30, rounds=1)
+    pinned = s[True]
+    best = max(pinned, key=lambda w: pinned[w]["samples_per_s"])
+    print(f"width x{s['width']}, step {s['t_step_ms']:.1f} ms, a batch's loading {s['t_load_ms']:.1f} ms; "
+          + ", ".join(f"W={w}: {r['samples_per_s']:.0f}/s NVML {r.get('gpu_util')}%" for w, r in pinned.items()))
+    assert pinned[0]["gpu_util"] <= 50 and pinned[best]["gpu_util"] >= 80, pinned
+    assert pinned[best]["samples_per_s"] >= 1.5 * pinned[0]["samples_per_s"], pinned
+
+
 # --- the PyTorch half of notebook 04 (appendix 04a) on the GPU -------------------------------------------------
 def _torch_mnist_epoch(n_samples, seed):
     import hashlib
