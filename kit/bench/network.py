@@ -191,11 +191,14 @@ def measure_link(lab, cluster, repeats: int = 5) -> dict:
 
 
 def _row(N: int, impl: str, nbytes: int, per_rank: list[dict], link: dict) -> dict:
-    """One result row: slowest rank per call (median over calls), busbw, NIC bytes per host, the model."""
-    seconds = float(np.median(np.max([r["seconds"] for r in per_rank], axis=0)))
+    """One result row: slowest rank per call (median over calls, and their min-max: `range`), busbw, NIC bytes per
+    host, the model."""
+    slowest = np.max([r["seconds"] for r in per_rank], axis=0)
+    seconds = float(np.median(slowest))
     alpha, B = link["alpha"], link["B"]
     model = t_comm_ps(N, nbytes, alpha, B, 1) if impl == "ps" else t_comm_ring(N, nbytes, alpha, B)
-    return {"N": N, "impl": impl, "bytes": nbytes, "seconds": seconds, "model_s": float(model),
+    return {"N": N, "impl": impl, "bytes": nbytes, "seconds": seconds, "range": [float(slowest.min()),
+            float(slowest.max())], "model_s": float(model),
             "busbw": busbw(nbytes, seconds, N), "ok": all(r["ok"] for r in per_rank),
             "tx": [r["tx"] for r in per_rank], "rx": [r["rx"] for r in per_rank],
             "model_bytes": nbytes if impl == "ps" else ring_bytes(N, nbytes),
