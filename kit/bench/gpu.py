@@ -44,7 +44,7 @@ def copy_rates(mib: int = 64, reps: int = 10, rounds: int = 5) -> dict:
 def loader_sweep(workers=None, steps: int = 30, rounds: int = 2) -> dict:
     """Notebook 01's sweep on the GPU, pin_memory off and on: {"width": the model's, "t_load_ms", "t_step_ms",
     pin: {W: stats incl. NVML gpu_util}}. The model is sized as notebook 01 sizes it on a GPU
-    (`kit.data.lesson.size_step`: its step about half a batch's loading); workers up to the core count."""
+    (`kit.data.lesson.size_step`: its step most of a batch's loading); workers up to the core count."""
     _, dataset, _ = data.setup(steps)
     batch, sync = data.DEFAULT["batch_size"], data.sync_fn()
     t_load = lesson.load_time(dataset, batch)

@@ -25,14 +25,14 @@ def calibrate(step, dataset, batch: int, reps: int = 10, sync=None) -> float:
     """Return the training step's time alone (s): the fastest of `reps` steps on one batch already in memory."""
     from kit.data.pipeline import make_loader
     x = next(iter(make_loader(dataset, batch, num_workers=0)))
-    best = float("inf")
-    for _ in range(reps + 1):                       # the first is a warm-up
+    times = []
+    for _ in range(reps + 1):
         t0 = time.perf_counter()
         step(x)
         if sync:
             sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return min(times[1:])                           # the first is a warm-up
 
 
 def load_time(dataset, batch: int, batches: int = 3) -> float:
