@@ -378,6 +378,8 @@ def test_the_cnn_widens_and_width_1_is_the_default_model(store):
     assert [m.out_channels for m in wide if isinstance(m, torch.nn.Conv2d)] == [128, 256]
     from kit.data import lesson
     assert 0 < lesson.load_time(data.ImageDataset(store), 8) < 10         # a batch of 8, loaded in the loop
+    width, t_step, t_load = lesson.size_model(data.ImageDataset(store), 8)  # on this CPU, each width timed
+    assert width in lesson.WIDTHS and t_step > 0 and t_load > 0
 
 
 def test_machine_load_counts_a_busy_process_that_is_not_ours():

@@ -46,10 +46,7 @@ def loader_sweep(workers=None, steps: int = 30, rounds: int = 2) -> dict:
     pin: {W: stats incl. NVML gpu_util}}. The model is sized as notebook 01 sizes it on a GPU
     (`kit.data.lesson.size_step`: its step most of a batch's loading); workers up to the core count."""
     _, dataset, _ = data.setup(steps)
-    batch, sync = data.DEFAULT["batch_size"], data.sync_fn()
-    t_load = lesson.load_time(dataset, batch)
-    width, t_step = lesson.size_step(
-        lambda w: lesson.calibrate(data.make_step(data.make_model(w)), dataset, batch, reps=3, sync=sync), t_load)
+    width, t_step, t_load = lesson.size_model(dataset, data.DEFAULT["batch_size"], sync=data.sync_fn())
     step = data.make_step(data.make_model(width))           # the step trains on cuda where it is available
     out = {"width": width, "t_load_ms": 1e3 * t_load, "t_step_ms": 1e3 * t_step}
     for pin in (False, True):

@@ -69,6 +69,15 @@ def size_step(time_step, t_load: float, target: float = 0.4, widths=WIDTHS) -> t
     return width, t
 
 
+def size_model(dataset, batch: int, sync=None) -> tuple[int, float, float]:
+    """Size notebook 01's CNN to this machine (a GPU): return (width, its step's seconds, a batch's loading
+    seconds), the width from `size_step` with each width's step timed by `calibrate`."""
+    from kit.data.pipeline import make_model, make_step
+    t_load = load_time(dataset, batch)
+    width, t_step = size_step(lambda w: calibrate(make_step(make_model(w)), dataset, batch, reps=3, sync=sync), t_load)
+    return width, t_step, t_load
+
+
 def worker_counts(cores: int) -> tuple[int, ...]:
     """The num_workers sweep for a machine of `cores` cores: 0, 1, 2, 4 and on, doubling, up to the core count."""
     out, w = [0, 1, 2, 4], 8
