@@ -168,9 +168,24 @@ def check_trained(out: str, json_path: Path, epochs: int):
 
 
 @pytest.mark.timeout(900)   # horovodrun/mpirun jobs: minutes on a busy 2-core machine
-def test_script_under_mpirun(tmp_path, no_leaks):
-    out = run(mpirun(*TINY, "--epochs", "2", "--json", str(tmp_path / "r.json")))
-    check_trained(out, tmp_path / "r.json", 2)
+def test_script_under_mpirun_warms_up_then_decays_the_learning_rate(tmp_path, no_leaks):
+    out = run(mpirun(*TINY, "--epochs", "4", "--warmup-epochs", "1", "--json", str(tmp_path / "r.json")))
+    lrs = [h["lr"] for h in check_trained(out, tmp_path / "r.json", 4)["history"]]
+    scaled = mnist.BASE_LR * 2                             # Horovod (3): the rate x size
+    assert mnist.decay_start(4) == 3                       # the last quarter: the 4th epoch
+    assert lrs[1:3] == pytest.approx([scaled] * 2) and lrs[3] == pytest.approx(scaled * mnist.DECAY)
+
+
+def test_decay_start_is_the_last_quarter_and_a_stored_spread_of_another_schedule_is_not_used(tmp_path, monkeypatch):
+    assert [mnist.decay_start(e) for e in (1, 2, 3, 4, 12, 20)] == [1, 2, 3, 3, 9, 15]   # 1-3 epochs: no decay
+    seeds = {"2_workers": [0.8, 0.81, 0.82], "1_process": [0.8, 0.8, 0.81]}
+    doc = {"dataset": "fashion_mnist", "subset": [6000, 2000], "epochs": 12, "accuracy_seeds": seeds}
+    (tmp_path / "results").mkdir()
+    monkeypatch.setattr(mnist.model, "REPO", tmp_path)
+    for schedule, expected in ((mnist.SCHEDULE, seeds), ("warmup 3 epochs", None), (None, None)):
+        (tmp_path / "results" / "mnist.json").write_text(json.dumps({**doc, "schedule": schedule}))
+        assert mnist.accuracy_spread("fashion_mnist", (6000, 2000), 12) == expected
+    assert mnist.accuracy_spread("fashion_mnist", (6000, 2000), 10) is None        # other epochs
 
 
 @pytest.mark.timeout(900)   # horovodrun/mpirun jobs: minutes on a busy 2-core machine
@@ -331,3 +346,16 @@ def test_lab_scaling_leaves_out_the_pairs_asked_and_its_figure_draws_the_rest(mo
     ax = plot_lab_scaling(result)
     assert len(ax[0].patches) == 3                  # one bar per run: none for the pair left out
     plt.close("all")
+
+
+def test_accuracy_claim_says_held_only_when_the_workers_median_reaches_one_process_range():
+    def claim(a2, a1):
+        return mnist.accuracy_claim({"epochs": 12, "schedule": mnist.SCHEDULE,
+                                     "accuracy_seeds": {"2_workers": a2, "1_process": a1}})
+    held = claim([0.842, 0.8525, 0.853], [0.851, 0.855, 0.858])
+    assert "median, 85.25%, is within one process's range (85.10%–85.80%)" in held and "**held**" in held
+    assert "differ by -0.25 points" in held and mnist.SCHEDULE in held
+    assert "below one process's range" in claim([0.84, 0.845, 0.86], [0.85, 0.855, 0.858])     # ranges overlap
+    below = claim([0.829, 0.838, 0.8385], [0.8515, 0.852, 0.857])
+    assert "every 2-worker seed ended below every one-process seed" in below and "**did not hold**" in below
+    assert "**held**" in claim([0.86, 0.87, 0.87], [0.85, 0.851, 0.852])                       # above it

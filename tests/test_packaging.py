@@ -198,8 +198,8 @@ def _network(x: dict) -> list[str]:
 
 
 def _mnist(x: dict) -> list[str]:
-    from kit.mnist import accuracy_table, readme_table
-    return [readme_table(x)] + ([accuracy_table(x)] if "accuracy_seeds" in x else [])
+    from kit.mnist import accuracy_claim, accuracy_table, readme_table
+    return [readme_table(x)] + ([accuracy_table(x), accuracy_claim(x)] if "accuracy_seeds" in x else [])
 
 
 def _mnist_on_lab_hosts(x: dict) -> list[str]:

@@ -39,7 +39,8 @@ def bench(out_dir: Path, quick: bool, tiny: bool = False) -> tuple[dict, str]:
     singles = [model.run_script(1, [*data, "--seed", str(s), "--epochs", str(dists[0]["epochs"]), "--threads", "2"])
                for s in seeds]
     dist, single = dists[0], singles[0]
-    result = {"dataset": dist["dataset"], "epochs": dist["epochs"], "throughput": throughput,
+    result = {"dataset": dist["dataset"], "epochs": dist["epochs"], "schedule": model.SCHEDULE,
+              "throughput": throughput,
               "subset": None if quick else list(model.SUBSET), "seeds": list(seeds),
               "accuracy": {"2_workers": dist["test_accuracy"], "1_process": single["test_accuracy"]},
               "accuracy_seeds": {"2_workers": [r["test_accuracy"] for r in dists],

@@ -171,6 +171,10 @@ def main(argv=None):
         hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr,
                                                  steps_per_epoch=mnist.steps_per_epoch(len(x), 1, args.batch_size),
                                                  warmup_epochs=args.warmup_epochs or mnist.WARMUP_EPOCHS),
+        # ... and divide it by 10 for the last quarter of the epochs (Goyal et al.'s step decay), so they settle.
+        # A function, not the number: a constant multiplier m means m ** (epoch - start_epoch), a decay per epoch.
+        hvd.callbacks.LearningRateScheduleCallback(initial_lr=scaled_lr, multiplier=lambda epoch: mnist.DECAY,
+                                                   start_epoch=mnist.decay_start(epochs)),
     ]
     # Horovod (5): only rank 0 writes checkpoints and prints progress.
     if root:
