@@ -212,7 +212,7 @@ def test_killed_run_resumes_from_the_last_good_checkpoint_skipping_a_corrupt_one
                          "--json", str(tmp_path / "r.json")))
     assert "WARNING: ignoring corrupt checkpoint" in out and f"resumed from epoch {good}" in out, out[-3000:]
     # 3. The resumed job is the script under horovodrun --gloo, checked as any run of it (the MPI launcher:
-    #    test_script_under_mpirun): 2 workers on disjoint halves, identical replicas, above chance.
+    #    test_script_under_mpirun_*): 2 workers on disjoint halves, identical replicas, above chance.
     assert "training on 2 worker(s), 256 images each" in out, out[-3000:]
     history = [h["epoch"] for h in check_trained(out, tmp_path / "r.json", last + 1 - good)["history"]]
     assert history == list(range(good + 1, last + 2)), out[-3000:]
@@ -306,7 +306,7 @@ def test_notebook_04_measures_with_the_benchmarks_function():
 @pytest.mark.timeout(900)
 def test_bench_mnist_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     from kit import bench
-    summary = bench.run("mnist", tmp_path, tiny=True)   # the Gloo pair; the MPI launcher: test_script_under_mpirun
+    summary = bench.run("mnist", tmp_path, tiny=True)   # the Gloo pair; the MPI launcher: test_script_under_mpirun_*
     doc = json.loads((tmp_path / "mnist.json").read_text())
     assert summary.startswith("mnist: digits test accuracy") and doc["summary"] == summary
     assert set(doc["throughput"]) == {"pinned"}          # tiny: one pair (quick adds the MPI pair)

@@ -320,7 +320,6 @@ def accuracy_table(result: dict) -> str:
     return "\n".join(out)
 
 
-
 def accuracy_claim(result: dict) -> str:
     """Return what the accuracy runs of a `python -m kit.bench mnist` run show (docs/benchmarks/mnist.md): the
     lesson (N workers reach one process's accuracy) held when the N-worker median is within one process's seeds'
