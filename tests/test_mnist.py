@@ -181,8 +181,8 @@ def test_decay_start_is_the_last_quarter_and_a_stored_spread_of_another_schedule
     seeds = {"2_workers": [0.8, 0.81, 0.82], "1_process": [0.8, 0.8, 0.81]}
     doc = {"dataset": "fashion_mnist", "subset": [6000, 2000], "epochs": 12, "accuracy_seeds": seeds}
     (tmp_path / "results").mkdir()
-    monkeypatch.setattr(mnist.model, "REPO", tmp_path)
-    for schedule, expected in ((mnist.SCHEDULE, seeds), ("warmup 3 epochs", None), (None, None)):
+    monkeypatch.setattr(mnist.accuracy, "REPO", tmp_path)
+    for schedule, expected in ((mnist.SCHEDULE, {**seeds, "long": None}), ("warmup 3 epochs", None), (None, None)):
         (tmp_path / "results" / "mnist.json").write_text(json.dumps({**doc, "schedule": schedule}))
         assert mnist.accuracy_spread("fashion_mnist", (6000, 2000), 12) == expected
     assert mnist.accuracy_spread("fashion_mnist", (6000, 2000), 10) is None        # other epochs
@@ -359,3 +359,11 @@ def test_accuracy_claim_says_held_only_when_the_workers_median_reaches_one_proce
     below = claim([0.829, 0.838, 0.8385], [0.8515, 0.852, 0.857])
     assert "every 2-worker seed ended below every one-process seed" in below and "**did not hold**" in below
     assert "**held**" in claim([0.86, 0.87, 0.87], [0.85, 0.851, 0.852])                       # above it
+    two = {"epochs": 12, "schedule": mnist.SCHEDULE, "dataset": "fashion_mnist", "seeds": [0, 1, 2],
+           "accuracy_seeds": {"2_workers": [0.829, 0.838, 0.8385], "1_process": [0.8515, 0.852, 0.857]},
+           "accuracy_long": {"epochs": 24, "2_workers": [0.863, 0.868, 0.87], "1_process": [0.864, 0.869, 0.87]}}
+    both = mnist.accuracy_claim(two)
+    assert "At 12 epochs every 2-worker seed ended below" in both and "At 24 epochs the 2-workers' median" in both
+    table = mnist.accuracy_table(two).splitlines()
+    assert table[0] == "| fashion_mnist | seed 0 | seed 1 | seed 2 | median | spread |" and len(table) == 6
+    assert table[4] == "| 2 workers, 24 epochs | 86.30% | 86.80% | 87.00% | 86.80% | 0.70 points |"

@@ -6,10 +6,11 @@ from kit.mnist.model import (
     plot_throughput, plot_timeline, allreduce_seconds_per_step, read_timeline, timeline_summary, BATCH, EPOCHS,
     BASE_LR, WARMUP_EPOCHS, DECAY, SCHEDULE, decay_start, SYNTHETIC_WARMUP, REPO, TRAIN,
     TRAIN_FILE, launch_env, import_tf_quietly, keras, build_model,
-    prepare, subset, shard, steps_per_epoch, accuracy_spread, SUBSET, SEEDS, weights_digest, epoch_log,
+    prepare, subset, shard, steps_per_epoch, SUBSET, SEEDS, weights_digest, epoch_log,
     throughput_callback, engine_throughput,
     synthetic_throughput, torch_model, SETTINGS, run_script, paired_runs, paired_throughput, explain_threads,
-    readme_table, accuracy_table, accuracy_claim)
+    readme_table)
+from kit.mnist.accuracy import accuracy_spread, accuracy_lesson, accuracy_table, accuracy_claim
 from kit import _lazy_submodules
 
 __getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())

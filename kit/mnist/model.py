@@ -121,18 +121,6 @@ def decay_start(epochs: int) -> int:
     return epochs - epochs // 4
 
 
-def accuracy_spread(dataset: str, subset, epochs: int, workers: int = 2) -> dict | None:
-    """Return results/mnist.json's test accuracies per seed ({"2_workers": [...], "1_process": [...]}) when they were
-    measured on the same data set, subset, epochs and learning-rate schedule with `workers` workers; else None
-    (nothing to compare with)."""
-    path = REPO / "results" / "mnist.json"
-    x = json.loads(path.read_text()) if path.exists() else {}
-    same = ((x.get("dataset"), x.get("subset"), x.get("epochs"), x.get("schedule")) ==
-            (dataset, list(subset), epochs, SCHEDULE))
-    seeds = x.get("accuracy_seeds")
-    return seeds if same and workers == 2 and seeds and len(seeds["1_process"]) >= 2 else None
-
-
 def weights_digest(model) -> str:
     """Return a short hash of every weight of `model` (equal on all ranks iff the replicas are identical)."""
     import hashlib
@@ -306,34 +294,3 @@ def readme_table(result: dict) -> str:
         out.append(f"| {names.get(key, key)} | {pairs} | {one[0]:,.0f}–{one[1]:,.0f} | {two[0]:,.0f}–{two[1]:,.0f} | "
                    f"{t['speedup']:.2f}× ({t['efficiency']:.0%}) | {busy[0]:.2f} / {busy[1]:.2f} |")
     return "\n".join(out)
-
-
-def accuracy_table(result: dict) -> str:
-    """Return the accuracy runs of a `python -m kit.bench mnist` run, one row per arrangement, one column per seed
-    (docs/benchmarks/mnist.md; checked by test_packaging)."""
-    seeds = result["accuracy_seeds"]
-    out = [f"| {result['dataset']}, {result['epochs']} epochs | " + " | ".join(f"seed {s}" for s in result["seeds"])
-           + " | median | spread |", "|---|" + "---|" * (len(result["seeds"]) + 2)]
-    for key, accs in seeds.items():
-        out.append(f"| {key.replace('_', ' ')} | " + " | ".join(f"{a:.2%}" for a in accs)
-                   + f" | {np.median(accs):.2%} | {100 * (max(accs) - min(accs)):.2f} points |")
-    return "\n".join(out)
-
-
-def accuracy_claim(result: dict) -> str:
-    """Return what the accuracy runs of a `python -m kit.bench mnist` run show (docs/benchmarks/mnist.md): the
-    lesson (N workers reach one process's accuracy) held when the N-worker median is within one process's seeds'
-    range or above it."""
-    a2, a1 = result["accuracy_seeds"]["2_workers"], result["accuracy_seeds"]["1_process"]
-    med2, med1, lo1 = float(np.median(a2)), float(np.median(a1)), min(a1)
-    recipe = f"{result['epochs']} epochs, learning-rate schedule: {result.get('schedule', 'warmup only')}"
-    if max(a2) < lo1:
-        what = "every 2-worker seed ended below every one-process seed: the lesson **did not hold**"
-    elif med2 >= lo1:
-        what = (f"the 2-workers' median, {med2:.2%}, is within one process's range ({lo1:.2%}–{max(a1):.2%}) or "
-                f"above it: the lesson **held**")
-    else:
-        what = (f"the 2-workers' median, {med2:.2%}, is below one process's range ({lo1:.2%}–{max(a1):.2%}), though "
-                f"the ranges overlap: the lesson **did not hold**")
-    return (f"In this run ({recipe}) {what}; the medians differ by {100 * (med2 - med1):+.2f} points. Notebook 04 "
-            "places its own run within these spreads and says whether its lesson held.")
