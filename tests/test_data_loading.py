@@ -146,6 +146,36 @@ def test_merged_runs_keep_their_nvml_samples():
     assert both.stats()["gpu_util"] == pytest.approx(20.0) and both.stats()["gpu_mem_gib"] == 2.0
 
 
+def test_nvml_utilisation_is_read_over_the_steady_steps_after_nvml_s_averaging_window():
+    """The lent H200's first sized sweep read 54% at W=16 although the step was busy 99% of a 0.4 s run: the mean
+    took in the workers' start and readings still averaging it. Now: samples in the steady steps, after NVML_LAG."""
+    mon = monitor.Monitor(warmup=2, nvml=False)
+    for _ in range(2):
+        mon.record(wait_s=0.5, compute_s=0.0)                     # warm-up: workers start, the GPU idles
+    for _ in range(30):
+        mon.record(wait_s=0.0, compute_s=0.1)                     # 3 s of steady steps from t = 1 s
+    mon.samples = [(0.05 * i, 0.0 if 0.05 * i < 1.0 + monitor.NVML_LAG else 95.0, 1.0) for i in range(81)]
+    steady = mon.steady_samples()
+    assert [t for t, _, _ in steady] == [t for t, _, _ in mon.samples if 2.0 <= t <= 4.0]
+    assert mon.stats()["gpu_util"] == 95.0 and mon.stats()["gpu_util_samples"] == len(steady) == 41
+    short = monitor.Monitor(warmup=1, nvml=False)                 # shorter than NVML_LAG: what lies inside it
+    for compute in (0.3, 0.2, 0.2):
+        short.record(wait_s=0.0, compute_s=compute)
+    short.samples = [(0.1, 10.0, 1.0), (0.4, 50.0, 1.0), (0.6, 70.0, 1.0)]
+    assert short.stats()["gpu_util"] == 60.0 and short.stats()["gpu_util_samples"] == 2
+    both = monitor.merge([mon, short])                            # each run's own steady readings
+    assert both.stats()["gpu_util_samples"] == 43
+    assert both.stats()["gpu_util"] == pytest.approx((41 * 95.0 + 50.0 + 70.0) / 43)
+
+
+def test_a_gpu_measures_seconds_of_the_sized_step_for_nvml():
+    from kit.data import lesson
+    assert lesson.steps_for_nvml(0.016, 30) == 125                # 2 s of 16 ms steps
+    assert lesson.steps_for_nvml(0.5, 30) == 30                   # a slow step: the steps asked for are enough
+    with pytest.raises(ValueError, match="t_step must be a positive time"):
+        lesson.steps_for_nvml(0.0, 30)
+
+
 def test_without_nvml_the_monitor_says_so_once_and_keeps_no_thread(monkeypatch):
     monkeypatch.setattr(monitor, "open_nvml", lambda index=0: None)
     monitor.say_no_nvml.cache_clear()                           # as in a fresh process

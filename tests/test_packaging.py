@@ -235,20 +235,24 @@ def _elastic(x: dict) -> list[str]:
 
 
 def _gpu(x: dict) -> list[str]:
-    sweep, c = x["sweep"], x["copy_gbps"]
+    sweep, c, m, sz = x["sweep"], x["copy_gbps"], x["machine"], x["sizing"]
     lo, hi = "0", max(sweep["False"], key=int)
 
     def row(key, fmt):
         return " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))
-    nccl, gloo = x["allreduce"]
-    assert "error" in nccl and "invalid usage" in nccl["error"]
-    m = x["machine"]
+    pinned = sweep["True"]
+    per_w = "\n".join(f"| {w} | {pinned[w]['samples_per_s']:.0f} | {100 * pinned[w]['busy']:.0f}% | "
+                      f"{pinned[w]['gpu_util']:.1f}% |" for w in sorted(pinned, key=int))
+    ars = [f"| {a['backend']} | " + (a["error"] if "error" in a else
+                                      f"{1000 * a['seconds']:.1f} ms, {a['busbw_gbps']:.1f} GB/s bus bandwidth") + " |"
+           for a in x["allreduce"]]
     return [f"one {x['gpu']}, {m['cpu_cores']} cores, Python {m['versions']['python']}, PyTorch "
             f"{m['versions']['torch']}, Horovod {m['versions']['horovod']}",
+            f"CNN width x{sz['width']}: its step {sz['t_step_ms']:.1f} ms against a batch's loading "
+            f"{sz['t_load_ms']:.1f} ms; {x['steps']} steps per setting",
             f"| {c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s |", f"W = {lo} → {hi}",
             row("samples_per_s", lambda v: f"{v:.0f}"), row("busy", lambda v: f"{100 * v:.0f}%"),
-            row("gpu_util", lambda v: f"{v:.1f}%"), '"invalid usage"',
-            f"| {1000 * gloo['seconds']:.1f} ms, {gloo['busbw_gbps']:.1f} GB/s bus bandwidth |"]
+            row("gpu_util", lambda v: f"{v:.1f}%"), per_w, *ars]
 
 
 RENDER = {"loading": _loading, "ps": _ps, "allreduce": _allreduce, "network": _network, "mnist": _mnist,

@@ -10,6 +10,7 @@ Three measurements, each the GPU side of a lesson:
 """
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
 from pathlib import Path
@@ -43,12 +44,16 @@ def copy_rates(mib: int = 64, reps: int = 10, rounds: int = 5) -> dict:
 
 def loader_sweep(workers=None, steps: int = 30, rounds: int = 2) -> dict:
     """Notebook 01's sweep on the GPU, pin_memory off and on: {"width": the model's, "t_load_ms", "t_step_ms",
-    pin: {W: stats incl. NVML gpu_util}}. The model is sized as notebook 01 sizes it on a GPU
-    (`kit.data.lesson.size_step`: its step most of a batch's loading); workers up to the core count."""
+    "steps", pin: {W: stats incl. NVML gpu_util}}. The model is sized as notebook 01 sizes it on a GPU
+    (`kit.data.lesson.size_step`: its step most of a batch's loading); workers up to the core count; each setting
+    runs long enough for NVML's averaged readings (`kit.data.lesson.steps_for_nvml`)."""
     _, dataset, _ = data.setup(steps)
     width, t_step, t_load = lesson.size_model(dataset, data.DEFAULT["batch_size"], sync=data.sync_fn())
+    if lesson.steps_for_nvml(t_step, steps) > steps:        # the data set holds `steps` batches: a bigger one
+        steps = lesson.steps_for_nvml(t_step, steps)
+        _, dataset, _ = data.setup(steps)
     step = data.make_step(data.make_model(width))           # the step trains on cuda where it is available
-    out = {"width": width, "t_load_ms": 1e3 * t_load, "t_step_ms": 1e3 * t_step}
+    out = {"width": width, "t_load_ms": 1e3 * t_load, "t_step_ms": 1e3 * t_step, "steps": steps}
     for pin in (False, True):
         mons = data.sweep(dataset, step, workers or lesson.worker_counts(cpu_cores()), steps, rounds=rounds,
                           pin_memory=pin)
@@ -76,6 +81,9 @@ def _allreduce_cuda(mb: int, reps: int) -> dict:
 def allreduce(backend: str, mb: int = 64, reps: int = 10, n: int = 2) -> dict:
     """2 engines allreduce `mb` MB of CUDA floats over `backend`; bus bandwidth as nccl-tests reports it."""
     share = backend == "gloo" or len(sysinfo.gpus()) < n
+    if importlib.util.find_spec("horovod") is None:       # kit.cluster's Gloo rendezvous is Horovod's
+        return {"backend": backend, "shared_gpu": share, "error": "not run: Horovod is not installed here "
+                "(kit.cluster starts its engines with Horovod's rendezvous; scripts/gpu_check.sh builds it)"}
     try:
         with cluster.start(n=n, backend="gloo", devices="gpu", share_gpus=share, timeout=60, quiet=True) as c:
             c.init_process_group(backend)
@@ -102,7 +110,9 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     best = {pin: max(s, key=lambda w: s[w]["samples_per_s"]) for pin, s in sweep.items()}
     util = {pin: (s[0].get("gpu_util"), best[pin], s[best[pin]].get("gpu_util")) for pin, s in sweep.items()}
     up = sweep[True][best[True]]["samples_per_s"] / sweep[True][0]["samples_per_s"]
-    bw = "; ".join(f"{a['backend']}: " + (f"{a['busbw_gbps']:.1f} GB/s busbw" if "error" not in a else "refused")
+    bw = "; ".join(f"{a['backend']}: " + (f"{a['busbw_gbps']:.1f} GB/s busbw" if "error" not in a
+                                                  else "not run (no Horovod)" if a["error"].startswith("not run")
+                                                  else "refused")
                    for a in ars)
     pct = lambda u: "n/a (no NVML)" if u is None else f"{u:.0f}%"         # noqa: E731
     summary = (f"{gpu}: copy pageable {copies['pageable']:.1f} vs pinned {copies['pinned']:.1f} GB/s; "
@@ -110,6 +120,6 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
                f"{sized['t_load_ms']:.1f} ms): NVML util W=0 {pct(util[True][0])} -> W={util[True][1]} "
                f"{pct(util[True][2])}, {up:.1f}x samples/s (pinned); "
                f"64 MB allreduce, 2 engines: {bw}")
-    return {"gpu": gpu, "copy_gbps": copies, "sweep": {str(k): v for k, v in sweep.items()},
+    return {"gpu": gpu, "copy_gbps": copies, "sweep": {str(k): v for k, v in sweep.items()}, "steps": sized["steps"],
             "best_workers": {str(k): v for k, v in best.items()}, "allreduce": ars,
             "sizing": {k: sized[k] for k in ("width", "t_load_ms", "t_step_ms")}, "speedup_pinned": up}, summary

@@ -29,6 +29,9 @@ import numpy as np
 from kit.env import cpu_cores
 
 
+NVML_LAG = 1.0      # s: an NVML utilisation reading averages its last sample period (1/6 s to 1 s, by product)
+
+
 class NoNVMLWarning(UserWarning):
     """No NVIDIA driver/NVML here: the monitor records the CPU-side wait/compute trace only."""
 
@@ -201,9 +204,24 @@ class Monitor:
                "wait_cpu": float(np.mean([x.wait_cpu for x in s])),
                "compute_cpu": float(np.mean([x.compute_cpu for x in s]))}
         if self.samples:
-            out["gpu_util"] = float(np.mean([u for _, u, _ in self.samples]))
+            steady = self.steady_samples()
+            out["gpu_util"] = float(np.mean([u for _, u, _ in steady]))
+            out["gpu_util_samples"] = len(steady)
             out["gpu_mem_gib"] = float(max(m for _, _, m in self.samples))
         return out
+
+    def steady_samples(self) -> list[tuple[float, float, float]]:
+        """Return the NVML samples that read the steady steps: taken between the first steady step's start and the
+        last one's end, less the first NVML_LAG s (a reading then still averages the workers' start and the
+        warm-up). A short run keeps what it has inside its steady steps; a merged Monitor, each run's own."""
+        if self.runs:
+            return [x for run in self.runs for x in run.steady_samples()]
+        steps = self.steady()
+        if not steps:
+            return list(self.samples)
+        lo, hi = steps[0].start, steps[-1].end
+        inside = [x for x in self.samples if lo <= x[0] <= hi]
+        return [x for x in inside if x[0] >= lo + NVML_LAG] or inside or list(self.samples)
 
     def utilization(self, window: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
         """Return (time, % of each window spent computing): what nvidia-smi's utilization would show."""
