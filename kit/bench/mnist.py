@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from kit.mnist import model, timeline
+from kit.mnist.accuracy import median_gap
 from kit.plots import figure, plot_accuracy, plot_throughput, plot_timeline
 
 LONG = 4            # the long accuracy arm trains LONG times the epochs: does the larger batch catch up, trained on?
@@ -65,9 +66,9 @@ def bench(out_dir: Path, quick: bool, tiny: bool = False) -> tuple[dict, str]:
     a2, a1 = result["accuracy_seeds"]["2_workers"], result["accuracy_seeds"]["1_process"]
     summary = (f"mnist: {dist['dataset']} test accuracy {_spread(a2)} with 2 workers vs {_spread(a1)} in 1 process "
                f"({dist['epochs']} epochs, {len(seeds)} seed(s) each, diff of medians "
-               f"{100 * (float(np.median(a2)) - float(np.median(a1))):+.2f} points"
+               f"{median_gap(a2, a1):+.2f} points"
                + (f"; {long['epochs']} epochs: {_spread(long['2_workers'])} vs {_spread(long['1_process'])}, "
-                  f"{100 * (float(np.median(long['2_workers'])) - float(np.median(long['1_process']))):+.2f} points"
+                  f"{median_gap(long['2_workers'], long['1_process']):+.2f} points"
                   if long else "") + "); throughput 2 workers "
                f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
                f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "

@@ -57,12 +57,17 @@ def accuracy_table(result: dict) -> str:
     return "\n".join(out)
 
 
+def median_gap(a2: list[float], a1: list[float]) -> float:
+    """Return the N workers' median accuracy minus one process's, in points."""
+    return 100 * (float(np.median(a2)) - float(np.median(a1)))
+
+
 def accuracy_claim(result: dict) -> str:
     """Return what the accuracy runs of a `python -m kit.bench mnist` run show, per arm (docs/benchmarks/mnist.md)."""
     out = []
     for epochs, seeds in _arms(result):
         a2, a1 = seeds["2_workers"], seeds["1_process"]
         out.append(f"At {epochs} epochs {accuracy_lesson(a2, a1)[1]}; the medians differ by "
-                   f"{100 * (float(np.median(a2)) - float(np.median(a1))):+.2f} points.")
+                   f"{median_gap(a2, a1):+.2f} points.")
     return (f"In this run (learning-rate schedule: {result.get('schedule', 'warmup only')}). " + " ".join(out)
             + " Notebook 04 places its own run within these spreads and says whether its lesson held.")
