@@ -176,3 +176,26 @@ def test_every_path_the_kit_gives_child_processes_holds_the_kit_package():
     from kit.cluster import remote
     for path in (remote.KIT_ROOT, network.KIT_ROOT, str(kit.mnist.REPO)):
         assert os.path.isfile(os.path.join(path, "kit", "__init__.py")), path
+
+
+def test_a_host_that_times_out_is_asked_again_and_one_that_refuses_is_not():
+    """check_hosts: sshd on a loaded machine can miss the banner exchange (CI, 2026-12-03): ask again; a refusal is
+    final at once."""
+    import subprocess
+    from kit.cluster import remote
+
+    class Fake(remote.Remote):
+        def run(self, host, cmd, timeout=30, connect=5):
+            self.calls.append(host)
+            if host == "slow" and self.calls.count("slow") < 2:
+                return subprocess.CompletedProcess(cmd, 255, "", "Connection timed out during banner exchange\n")
+            if host in ("off", "dead"):
+                why = "Connection refused" if host == "off" else "Connection timed out during banner exchange"
+                return subprocess.CompletedProcess(cmd, 255, "", f"ssh: connect to host {host} port 22: {why}\n")
+            return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    fake = Fake()
+    fake.calls = []
+    down = remote.check_hosts(fake, ["up", "slow", "off", "dead"])
+    assert set(down) == {"off", "dead"} and "refused" in down["off"] and "timed out" in down["dead"]
+    assert sorted(fake.calls) == sorted(["up", "slow", "off", "dead", "slow", "dead", "dead"])

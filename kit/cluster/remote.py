@@ -47,10 +47,10 @@ class Remote:
         carry = {k: os.environ[k] for k in CARRY if k in os.environ}
         self.env = {**carry, "PYTHONPATH": path, **self.env}
 
-    def run(self, host: str, cmd: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    def run(self, host: str, cmd: str, timeout: float = 30, connect: int = 5) -> subprocess.CompletedProcess:
         """Run shell command `cmd` on `host`; return the finished process (never raises for a failed command)."""
         try:
-            return subprocess.run([*self.ssh, "-o", "ConnectTimeout=5", host, cmd], capture_output=True,
+            return subprocess.run([*self.ssh, "-o", f"ConnectTimeout={connect}", host, cmd], capture_output=True,
                                   text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return subprocess.CompletedProcess(cmd, 255, "", f"no answer within {timeout:.0f} s")
@@ -94,12 +94,26 @@ def from_lab(lab, n: int) -> tuple[str, str, Remote]:
     return ",".join(f"{h}:{k}" for h in lab.hosts), lab.addr, remote
 
 
-def check_hosts(remote: Remote, hosts) -> dict[str, str]:
-    """Return {host: why} for every host that does not answer over SSH (all probed at once)."""
-    with ThreadPoolExecutor(max(1, len(hosts))) as pool:
-        answers = dict(zip(hosts, pool.map(lambda h: remote.run(h, "true", timeout=20), hosts)))
-    return {h: (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
-            for h, p in answers.items() if p.returncode}
+SLOW = re.compile(r"timed out|no answer within")    # a host too busy to answer in time: ask again
+
+
+def check_hosts(remote: Remote, hosts, tries: int = 3) -> dict[str, str]:
+    """Return {host: why} for every host that does not answer over SSH (all probed at once). A host that timed out
+    (on a loaded machine sshd can miss the 5 s banner exchange) is asked again, up to `tries` times in all; one that
+    refuses or does not resolve is reported at once."""
+    down, pending = {}, list(hosts)
+    for _ in range(tries):
+        with ThreadPoolExecutor(max(1, len(pending))) as pool:
+            answers = dict(zip(pending, pool.map(lambda h: remote.run(h, "true", timeout=30, connect=10), pending)))
+        down.update({h: (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+                     for h, p in answers.items() if p.returncode})
+        for h, p in answers.items():
+            if not p.returncode:
+                down.pop(h, None)
+        pending = [h for h, why in down.items() if SLOW.search(why)]
+        if not pending:
+            break
+    return down
 
 
 def ssh_address(remote: Remote, host: str) -> tuple[str, int]:
