@@ -99,16 +99,16 @@ SLOW = re.compile(r"timed out|no answer within")    # a host too busy to answer 
 
 def check_hosts(remote: Remote, hosts, tries: int = 3) -> dict[str, str]:
     """Return {host: why} for every host that does not answer over SSH (all probed at once). A host that timed out
-    (on a loaded machine sshd can miss the 5 s banner exchange) is asked again, up to `tries` times in all; one that
-    refuses or does not resolve is reported at once."""
+    (on a loaded machine sshd can miss the banner exchange's time limit) is asked again, up to `tries` times in all;
+    one that refuses or does not resolve is reported at once."""
     down, pending = {}, list(hosts)
     for _ in range(tries):
         with ThreadPoolExecutor(max(1, len(pending))) as pool:
             answers = dict(zip(pending, pool.map(lambda h: remote.run(h, "true", timeout=30, connect=10), pending)))
-        down.update({h: (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
-                     for h, p in answers.items() if p.returncode})
         for h, p in answers.items():
-            if not p.returncode:
+            if p.returncode:
+                down[h] = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+            else:
                 down.pop(h, None)
         pending = [h for h, why in down.items() if SLOW.search(why)]
         if not pending:
