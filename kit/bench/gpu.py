@@ -49,8 +49,8 @@ def loader_sweep(workers=None, steps: int = 30, rounds: int = 2) -> dict:
     runs long enough for NVML's averaged readings (`kit.data.lesson.steps_for_nvml`)."""
     _, dataset, _ = data.setup(steps)
     width, t_step, t_load = lesson.size_model(dataset, data.DEFAULT["batch_size"], sync=data.sync_fn())
-    if lesson.steps_for_nvml(t_step, steps) > steps:        # the data set holds `steps` batches: a bigger one
-        steps = lesson.steps_for_nvml(t_step, steps)
+    if (longer := lesson.steps_for_nvml(t_step, steps)) > steps:   # the data set holds `steps` batches: a bigger one
+        steps = longer
         _, dataset, _ = data.setup(steps)
     step = data.make_step(data.make_model(width))           # the step trains on cuda where it is available
     out = {"width": width, "t_load_ms": 1e3 * t_load, "t_step_ms": 1e3 * t_step, "steps": steps}
