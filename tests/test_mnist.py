@@ -123,6 +123,9 @@ def test_a_start_that_stalls_ends_the_rank_with_a_message_and_a_bad_bound_is_ref
     assert f"{train.STALLED} 0.5 s" in p.stderr and "--init-timeout" in p.stderr, p.stderr
     with pytest.raises(SystemExit):
         train.parse_args(["--init-timeout", "-1"])
+    for bad in (["--as-workers", "0"], ["--as-workers", "2", "--elastic"]):     # the control is one plain process
+        with pytest.raises(SystemExit):
+            train.parse_args(bad)
     assert train.parse_args(["--init-timeout", "0"]).init_timeout == 0
 
 
@@ -174,6 +177,14 @@ def test_script_under_mpirun_warms_up_then_decays_the_learning_rate(tmp_path, no
     scaled = mnist.BASE_LR * 2                             # Horovod (3): the rate x size
     assert mnist.decay_start(4) == 3                       # the last quarter: the 4th epoch
     assert lrs[1:3] == pytest.approx([scaled] * 2) and lrs[3] == pytest.approx(scaled * mnist.DECAY)
+    # The control (kit.bench mnist's third arm): one process trained as these 2 workers are, 2x the batch, follows
+    # the same rates epoch for epoch (Horovod's own warmup callback would read size 1 there and not ramp at all).
+    one = [str(BIN / "horovodrun"), "--gloo", "-np", "1", "-H", "localhost:1", sys.executable, SCRIPT]
+    out = run(one + [*TINY, "--epochs", "4", "--warmup-epochs", "1", "--as-workers", "2",   # TINY: 32 per worker
+                     "--json", str(tmp_path / "c.json")])
+    control = json.loads((tmp_path / "c.json").read_text())
+    assert "as 2 workers: batch 64" in out and (control["size"], control["as_workers"]) == (1, 2)
+    assert [h["lr"] for h in control["history"]] == pytest.approx(lrs)
 
 
 def test_decay_start_is_the_last_quarter_and_a_stored_spread_of_another_schedule_is_not_used(tmp_path, monkeypatch):
@@ -311,7 +322,7 @@ def test_bench_mnist_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     assert summary.startswith("mnist: digits test accuracy") and doc["summary"] == summary
     assert set(doc["throughput"]) == {"pinned"}          # tiny: one pair (quick adds the MPI pair)
     assert all(t["runs"][0]["thr_1"] > 0 and t["runs"][0]["thr_n"] > 0 for t in doc["throughput"].values())
-    assert doc["replicas_identical"] is True and [len(v) for v in doc["accuracy_seeds"].values()] == [1, 1]
+    assert doc["replicas_identical"] is True and [len(v) for v in doc["accuracy_seeds"].values()] == [1, 1, 1]
     assert (tmp_path / "mnist.png").stat().st_size > 0 and (tmp_path / "mnist_timeline.png").stat().st_size > 0
     assert not (tmp_path / "mnist_timeline.json").exists()
 
@@ -364,6 +375,15 @@ def test_accuracy_claim_says_held_only_when_the_workers_median_reaches_one_proce
            "accuracy_long": {"epochs": 24, "2_workers": [0.863, 0.868, 0.87], "1_process": [0.864, 0.869, 0.87]}}
     both = mnist.accuracy_claim(two)
     assert "At 12 epochs every 2-worker seed ended below" in both and "At 24 epochs the 2-workers' median" in both
+    control = {**two["accuracy_seeds"], mnist.accuracy.CONTROL: [0.83, 0.835, 0.84]}    # each median in the other's
+    said = mnist.accuracy_claim({**two, "accuracy_seeds": control})
+    assert "reached 83.50% (83.00%–84.00%), against the 2 workers' 83.80% (82.90%–83.85%)" in said
+    assert "the gap is the larger batch's" in said and "does not explain" not in said
+    control[mnist.accuracy.CONTROL] = [0.85, 0.852, 0.856]                             # like one process instead
+    said = mnist.accuracy_claim({**two, "accuracy_seeds": control})
+    assert "the larger batch alone does not explain it" in said and "the gap is the larger batch's" not in said
+    assert mnist.accuracy_table({**two, "accuracy_seeds": control}).splitlines()[4].startswith(
+        "| 1 process as 2 workers, 12 epochs | 85.00% | 85.20% | 85.60% | 85.20% | 0.60 points |")
     table = mnist.accuracy_table(two).splitlines()
     assert table[0] == "| fashion_mnist | seed 0 | seed 1 | seed 2 | median | spread |" and len(table) == 6
     assert table[4] == "| 2 workers, 24 epochs | 86.30% | 86.80% | 87.00% | 86.80% | 0.70 points |"

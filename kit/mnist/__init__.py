@@ -10,7 +10,7 @@ from kit.mnist.model import (
     throughput_callback, engine_throughput,
     synthetic_throughput, torch_model, SETTINGS, run_script, paired_runs, paired_throughput, explain_threads,
     readme_table)
-from kit.mnist.accuracy import accuracy_spread, accuracy_lesson, accuracy_table, accuracy_claim
+from kit.mnist.accuracy import accuracy_spread, accuracy_lesson, accuracy_table, accuracy_claim, batch_control
 from kit import _lazy_submodules
 
 __getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())

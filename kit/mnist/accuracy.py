@@ -10,7 +10,8 @@ from kit.mnist.model import REPO, SCHEDULE
 
 
 def accuracy_spread(dataset: str, subset, epochs: int, workers: int = 2) -> dict | None:
-    """Return results/mnist.json's test accuracies per seed ({"2_workers": [...], "1_process": [...], "long": ...})
+    """Return results/mnist.json's test accuracies per seed ({"2_workers": [...], "1_process": [...], CONTROL: [...],
+    "long": ...})
     when they were measured on the same data set, subset, epochs and learning-rate schedule with `workers` workers;
     else None (nothing to compare with). "long" holds the runs with more epochs ({"epochs", "2_workers",
     "1_process"}), or None."""
@@ -37,6 +38,33 @@ def accuracy_lesson(a2: list[float], a1: list[float]) -> tuple[bool, str]:
                    "the ranges overlap: the lesson **did not hold**")
 
 
+CONTROL = "1_process_as_2_workers"   # `kit.bench mnist`'s control arm: one process trained as the 2 workers are
+
+
+def batch_control(seeds: dict) -> str | None:
+    """What the control arm (one process, `--as-workers 2`: 2× the batch, 2× the rate, the 2 workers' warmup) says
+    about the 2 workers' gap to one process, in a sentence; None when the run has no control arm. The control
+    matches the 2 workers when each median lies within the other's range."""
+    ac, a2 = seeds.get(CONTROL), seeds["2_workers"]
+    if not ac:
+        return None
+    said = (f"one process trained as the 2 workers are (2× the batch, 2× the learning rate, their warmup: "
+            f"`--as-workers 2`) reached {_spread(ac)}, against the 2 workers' {_spread(a2)}: ")
+    if _within(ac, a2) and _within(a2, ac):
+        return said + ("each median within the other's range. What the 2 workers lost, one process on their global "
+                       "batch lost too: the gap is the larger batch's (half the steps, each on twice the images), "
+                       "not the distribution's")
+    return said + "their medians are not each within the other's range: the larger batch alone does not explain it"
+
+
+def _within(a: list[float], b: list[float]) -> bool:
+    return min(b) <= float(np.median(a)) <= max(b)
+
+
+def _spread(accs: list[float]) -> str:
+    return f"{np.median(accs):.2%} ({min(accs):.2%}–{max(accs):.2%})"
+
+
 def _arms(result: dict) -> list[tuple[int, dict]]:
     """(epochs, {"2_workers": [...], "1_process": [...]}) of the run's accuracy arms: the default, then the long."""
     arms = [(result["epochs"], result["accuracy_seeds"])]
@@ -50,8 +78,10 @@ def accuracy_table(result: dict) -> str:
     out = [f"| {result['dataset']} | " + " | ".join(f"seed {s}" for s in result["seeds"]) + " | median | spread |",
            "|---|" + "---|" * (len(result["seeds"]) + 2)]
     for epochs, seeds in _arms(result):
-        for key in ("2_workers", "1_process"):
-            accs = seeds[key]
+        for key in ("2_workers", "1_process", CONTROL):
+            accs = seeds.get(key)
+            if not accs:
+                continue
             out.append(f"| {key.replace('_', ' ')}, {epochs} epochs | " + " | ".join(f"{a:.2%}" for a in accs)
                        + f" | {np.median(accs):.2%} | {100 * (max(accs) - min(accs)):.2f} points |")
     return "\n".join(out)
@@ -67,7 +97,8 @@ def accuracy_claim(result: dict) -> str:
     out = []
     for epochs, seeds in _arms(result):
         a2, a1 = seeds["2_workers"], seeds["1_process"]
+        control = batch_control(seeds)
         out.append(f"At {epochs} epochs {accuracy_lesson(a2, a1)[1]}; the medians differ by "
-                   f"{median_gap(a2, a1):+.2f} points.")
+                   f"{median_gap(a2, a1):+.2f} points." + (f" The control: {control}." if control else ""))
     return (f"In this run (learning-rate schedule: {result.get('schedule', 'warmup only')}). " + " ".join(out)
             + " Notebook 04 places its own run within these spreads and says whether its lesson held.")

@@ -31,6 +31,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=None,
                    help="seed the initial weights and the shuffling (default: a different run each time)")
     p.add_argument("--warmup-epochs", type=float, default=None, help="learning-rate warmup (Goyal et al.; default 3)")
+    p.add_argument("--as-workers", type=int, default=None,
+                   help="one process trained as N workers are: N x the batch, N x the rate, their warmup (the "
+                        "large-batch control: is a gap to N workers the batch's, or the distribution's?)")
     p.add_argument("--threads", type=int, default=None, help="TF intra-op threads per worker")
     p.add_argument("--inter-op-threads", type=int, default=None, help="TF inter-op threads per worker")
     p.add_argument("--pin", action="store_true", help="pin each worker's threads to one core (by local rank)")
@@ -47,7 +50,7 @@ def parse_args(argv=None):
                    help="seconds hvd.init() may take before this rank ends the job with an error (0: wait forever)")
     args = p.parse_args(argv)
     for name, low in (("epochs", 1), ("batch_size", 1), ("train_samples", 1), ("test_samples", 1), ("threads", 1),
-                      ("inter_op_threads", 1), ("commit_every", 1), ("synthetic_steps", 0)):
+                      ("inter_op_threads", 1), ("as_workers", 1), ("commit_every", 1), ("synthetic_steps", 0)):
         value = getattr(args, name)
         if value is not None and value < low:       # checked here, before TensorFlow starts
             p.error(f"--{name.replace('_', '-')} must be at least {low} (got {value})")
@@ -55,6 +58,8 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if value is not None and value < 0:
             p.error(f"--{name.replace('_', '-')} must be 0 or more (got {value})")
+    if args.as_workers and args.elastic:
+        p.error("--as-workers is a one-process control run; it does not combine with --elastic")
     return args
 
 
@@ -156,10 +161,14 @@ def main(argv=None):
     # the ranks (1/size of the steps, each on size x batch images), so the job keeps one process's 12 epochs.
     x, y = mnist.shard(x, y, hvd.rank(), hvd.size())
     epochs = args.epochs or mnist.EPOCHS
+    if args.as_workers and hvd.size() > 1:
+        raise SystemExit(f"kit.mnist.train: --as-workers is for one process (this job has {hvd.size()}): it trains "
+                         "one process as N workers would; drop it, or run with -np 1")
+    workers, batch = args.as_workers or hvd.size(), args.batch_size * (args.as_workers or 1)
 
     model = mnist.build_model()
     # Horovod (3): scale the learning rate by size (linear scaling rule) and average gradients with allreduce.
-    scaled_lr = mnist.BASE_LR * hvd.size()
+    scaled_lr = mnist.BASE_LR * workers
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(scaled_lr))
     model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
     initial_epoch = mnist.resume(model, args.checkpoint_dir, hvd)   # Horovod: rank 0's checkpoint, broadcast
@@ -171,9 +180,8 @@ def main(argv=None):
         # Horovod: average the metrics over ranks, so rank 0 prints the job's loss, not its own shard's.
         hvd.callbacks.MetricAverageCallback(),
         # Horovod: ramp the learning rate from lr to lr * size over the first epochs (Goyal et al., 2017).
-        hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr,
-                                                 steps_per_epoch=mnist.steps_per_epoch(len(x), 1, args.batch_size),
-                                                 warmup_epochs=args.warmup_epochs or mnist.WARMUP_EPOCHS),
+        warmup_callback(hvd, scaled_lr, workers, mnist.steps_per_epoch(len(x), 1, batch),
+                        args.warmup_epochs or mnist.WARMUP_EPOCHS, control=bool(args.as_workers)),
         # ... and divide it by 10 for the last quarter of the epochs (Goyal et al.'s step decay), so they settle.
         # A function, not the number: a constant multiplier m means m ** (epoch - start_epoch), a decay per epoch.
         hvd.callbacks.LearningRateScheduleCallback(initial_lr=scaled_lr, multiplier=lambda epoch: mnist.DECAY,
@@ -184,21 +192,37 @@ def main(argv=None):
         if args.checkpoint_dir:
             callbacks.append(mnist.checkpoint_callback(args.checkpoint_dir))
         callbacks.append(mnist.epoch_log(len(x) * hvd.size(), history))
-        print(f"training on {hvd.size()} worker(s), {len(x)} images each, epochs {initial_epoch + 1}..{epochs}",
-              flush=True)
-    model.fit(x, y, batch_size=args.batch_size, epochs=epochs, initial_epoch=initial_epoch, verbose=0,
+        print(f"training on {hvd.size()} worker(s), {len(x)} images each, epochs {initial_epoch + 1}..{epochs}"
+              + (f", as {workers} workers: batch {batch}" if args.as_workers else ""), flush=True)
+    model.fit(x, y, batch_size=batch, epochs=epochs, initial_epoch=initial_epoch, verbose=0,
               validation_data=(x_test, y_test), callbacks=callbacks)
 
     digests = allgather_object(mnist.weights_digest(model), name="digest")  # Horovod: replicas equal?
     if root:
         acc = history[-1]["val_accuracy"] if history else float("nan")
-        result = {"dataset": ds.name, "size": hvd.size(), "epochs": epochs, "history": history,
-                  "test_accuracy": acc, "replicas_identical": len(set(digests)) == 1}
+        result = {"dataset": ds.name, "size": hvd.size(), "as_workers": args.as_workers, "epochs": epochs,
+                  "history": history, "test_accuracy": acc, "replicas_identical": len(set(digests)) == 1}
         if args.json:
             Path(args.json).write_text(json.dumps(result))
         print(f"done: {ds.name} test accuracy {acc:.4f} after {epochs} epochs on {hvd.size()} worker(s); "
               f"replicas identical: {result['replicas_identical']}", flush=True)
         return result
+
+
+def warmup_callback(hvd, scaled_lr: float, workers: int, steps_per_epoch: int, warmup_epochs: float,
+                    control: bool = False):
+    """Horovod's warmup from scaled_lr / size to scaled_lr; `control` (--as-workers): the same ramp for `workers`
+    in one process (Horovod's callback reads hvd.size(), which is 1 there)."""
+    if not control:
+        return hvd.callbacks.LearningRateWarmupCallback(initial_lr=scaled_lr, steps_per_epoch=steps_per_epoch,
+                                                        warmup_epochs=warmup_epochs)
+
+    def ramp(epoch):                    # Horovod's multiplier, with `workers` for hvd.size()
+        epoch += 1.0 / steps_per_epoch
+        return 1.0 / workers * (epoch * (workers - 1) / warmup_epochs + 1)
+    return hvd.callbacks.LearningRateScheduleCallback(initial_lr=scaled_lr, multiplier=ramp, start_epoch=0,
+                                                      end_epoch=warmup_epochs, staircase=False,
+                                                      steps_per_epoch=steps_per_epoch)
 
 
 def train_elastic(args, tf, hvd, x_all, y_all):
