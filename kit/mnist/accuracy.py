@@ -11,10 +11,9 @@ from kit.mnist.model import REPO, SCHEDULE
 
 def accuracy_spread(dataset: str, subset, epochs: int, workers: int = 2) -> dict | None:
     """Return results/mnist.json's test accuracies per seed ({"2_workers": [...], "1_process": [...], CONTROL: [...],
-    "long": ...})
-    when they were measured on the same data set, subset, epochs and learning-rate schedule with `workers` workers;
-    else None (nothing to compare with). "long" holds the runs with more epochs ({"epochs", "2_workers",
-    "1_process"}), or None."""
+    "long": ...}) when they were measured on the same data set, subset, epochs and learning-rate schedule with
+    `workers` workers; else None (nothing to compare with). "long" holds the runs with more epochs ({"epochs",
+    "2_workers", "1_process"}), or None."""
     path = REPO / "results" / "mnist.json"
     x = json.loads(path.read_text()) if path.exists() else {}
     same = ((x.get("dataset"), x.get("subset"), x.get("epochs"), x.get("schedule")) ==

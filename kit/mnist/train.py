@@ -120,6 +120,9 @@ def main(argv=None):
 
     # Horovod (1): start Horovod; every process learns its rank and the job's size.
     init_within(hvd, args.init_timeout)
+    if args.as_workers and hvd.size() > 1:
+        raise SystemExit(f"kit.mnist.train: --as-workers is for one process (this job has {hvd.size()}): it trains "
+                         "one process as N workers would; drop it, or run with -np 1")
     # Horovod (2): one GPU per process, chosen by local rank (on a CPU-only machine there is nothing to pin).
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
@@ -161,9 +164,6 @@ def main(argv=None):
     # the ranks (1/size of the steps, each on size x batch images), so the job keeps one process's 12 epochs.
     x, y = mnist.shard(x, y, hvd.rank(), hvd.size())
     epochs = args.epochs or mnist.EPOCHS
-    if args.as_workers and hvd.size() > 1:
-        raise SystemExit(f"kit.mnist.train: --as-workers is for one process (this job has {hvd.size()}): it trains "
-                         "one process as N workers would; drop it, or run with -np 1")
     workers, batch = args.as_workers or hvd.size(), args.batch_size * (args.as_workers or 1)
 
     model = mnist.build_model()
