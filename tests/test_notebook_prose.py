@@ -21,7 +21,8 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 ALLOW = {
     "0.28.1": "Horovod's version",
     "2.0": "a version or formula constant, not a measurement",
-    "1.0": "Adadelta's learning rate in the classic Keras example (a setting)",
+    "1.0": "Adadelta's learning rate in the article's Keras example (a setting)",
+    "0.001": "Adam's learning rate in Horovod's TF2 Keras example (a setting)",
     "100%": "the definition of a fully busy accelerator / full efficiency",
     "0%": "the empty end of a utilisation scale",
     "90%": "a target in an exercise's statement (not a measurement)",

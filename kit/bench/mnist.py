@@ -12,8 +12,8 @@ from kit.mnist.accuracy import CONTROL, median_gap
 from kit.plots import figure, plot_accuracy, plot_throughput, plot_timeline
 
 LONG = 0            # > 0: an accuracy arm with LONG times the epochs (does the larger batch catch up, trained on?).
-# Off: at 24 and at 48 epochs (results/mnist.json at commits 6c1c6bc and d5684af) the gap stayed at -0.45 points,
-# and the 48-epoch arm took 22 of the benchmark's 42 minutes.
+# Off: with the article's Adadelta, at 24 and at 48 epochs (results/mnist.json at commits 6c1c6bc and d5684af) the
+# gap stayed at -0.45 points, and the 48-epoch arm took 22 of the benchmark's 42 minutes.
 
 
 def bench(out_dir: Path, quick: bool, tiny: bool = False) -> tuple[dict, str]:

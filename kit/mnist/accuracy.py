@@ -11,8 +11,8 @@ from kit.mnist.model import REPO, SCHEDULE
 
 def accuracy_spread(dataset: str, subset, epochs: int, workers: int = 2) -> dict | None:
     """Return results/mnist.json's test accuracies per seed ({"2_workers": [...], "1_process": [...], CONTROL: [...],
-    "long": ...}) when they were measured on the same data set, subset, epochs and learning-rate schedule with
-    `workers` workers; else None (nothing to compare with). "long" holds the runs with more epochs ({"epochs",
+    "long": ...}) when they were measured on the same data set, subset, epochs, optimizer and learning-rate schedule
+    with `workers` workers; else None (nothing to compare with). "long" holds the runs with more epochs ({"epochs",
     "2_workers", "1_process"}), or None."""
     path = REPO / "results" / "mnist.json"
     x = json.loads(path.read_text()) if path.exists() else {}
@@ -42,18 +42,22 @@ CONTROL = "1_process_as_2_workers"   # `kit.bench mnist`'s control arm: one proc
 
 def batch_control(seeds: dict) -> str | None:
     """What the control arm (one process, `--as-workers 2`: 2× the batch, 2× the rate, the 2 workers' warmup) says
-    about the 2 workers' gap to one process, in a sentence; None when the run has no control arm. The control
-    matches the 2 workers when each median lies within the other's range."""
+    about the 2 workers' result against one process, in a sentence; None when the run has no control arm. The
+    control matches the 2 workers when each median lies within the other's range."""
     ac, a2 = seeds.get(CONTROL), seeds["2_workers"]
     if not ac:
         return None
     said = (f"one process trained as the 2 workers are (2× the batch, 2× the learning rate, their warmup: "
             f"`--as-workers 2`) reached {_spread(ac)}, against the 2 workers' {_spread(a2)}: ")
-    if _within(ac, a2) and _within(a2, ac):
-        return said + ("each median within the other's range. What the 2 workers lost, one process on their global "
-                       "batch lost too: the gap is the larger batch's (half the steps, each on twice the images), "
-                       "not the distribution's")
-    return said + "their medians are not each within the other's range: the larger batch alone does not explain it"
+    if not (_within(ac, a2) and _within(a2, ac)):
+        return said + ("their medians are not each within the other's range: the larger batch alone does not "
+                       "explain the workers' result")
+    if accuracy_lesson(a2, seeds["1_process"])[0]:
+        return said + ("each median within the other's range, and the workers' within one process's or above it: "
+                       "neither the larger batch nor splitting it over workers cost accuracy that these seeds can see")
+    return said + ("each median within the other's range. What the 2 workers lost, one process on their global "
+                   "batch lost too: the gap is the larger batch's (half the steps, each on twice the images), "
+                   "not the distribution's")
 
 
 def _within(a: list[float], b: list[float]) -> bool:
@@ -99,5 +103,6 @@ def accuracy_claim(result: dict) -> str:
         control = batch_control(seeds)
         out.append(f"At {epochs} epochs {accuracy_lesson(a2, a1)[1]}; the medians differ by "
                    f"{median_gap(a2, a1):+.2f} points." + (f" The control: {control}." if control else ""))
-    return (f"In this run (learning-rate schedule: {result.get('schedule', 'warmup only')}). " + " ".join(out)
+    return (f"In this run (optimizer and learning-rate schedule: {result.get('schedule', 'warmup only')}). "
+            + " ".join(out)
             + " Notebook 04 places its own run within these spreads and says whether its lesson held.")

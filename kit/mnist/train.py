@@ -169,7 +169,7 @@ def main(argv=None):
     model = mnist.build_model()
     # Horovod (3): scale the learning rate by size (linear scaling rule) and average gradients with allreduce.
     scaled_lr = mnist.BASE_LR * workers
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(scaled_lr))
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(scaled_lr))
     model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
     initial_epoch = mnist.resume(model, args.checkpoint_dir, hvd)   # Horovod: rank 0's checkpoint, broadcast
 
@@ -230,7 +230,7 @@ def train_elastic(args, tf, hvd, x_all, y_all):
     from kit import mnist
     from kit.mnist import elastic
     model = mnist.build_model()
-    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adadelta(mnist.BASE_LR * hvd.size()))
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(mnist.BASE_LR * hvd.size()))
     model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
     opt.build(model.trainable_variables)              # the optimizer's slots exist before the first commit
     # Elastic (1): what every rank must agree on: weights, optimizer slots, the epoch, the batch, batches done.

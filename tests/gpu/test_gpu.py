@@ -189,7 +189,7 @@ def _torch_mnist_epoch(n_samples, seed):
     loader = DataLoader(train_set, batch_size=mnist.BATCH, sampler=sampler, pin_memory=True)
     torch.manual_seed(hvd.rank())                                            # different init: broadcast fixes it
     net = mnist.torch_model().cuda()
-    optimizer = torch.optim.Adadelta(net.parameters(), lr=mnist.BASE_LR * hvd.size())  # Horovod (3)
+    optimizer = torch.optim.Adadelta(net.parameters(), lr=1.0 * hvd.size())  # Horovod (3): the article's Adadelta
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)                  # Horovod (4)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
