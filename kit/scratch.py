@@ -112,14 +112,21 @@ def sweep() -> list[str]:
             end(processes_in(path))
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
+    if gone:
+        _remove_root_if_empty()           # the dead owner's folder was the last: leave no empty kit-scratch folder
     return gone
 
 
 def make(kind: str) -> str:
     """Sweep dead owners' folders, then make and return a new folder for `kind`, owned by this process."""
     sweep()
-    os.makedirs(root(), mode=0o700, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f"{kind}-{_owner_tag(os.getpid())}-", dir=root())
+    for attempt in range(3):
+        os.makedirs(root(), mode=0o700, exist_ok=True)
+        try:
+            return tempfile.mkdtemp(prefix=f"{kind}-{_owner_tag(os.getpid())}-", dir=root())
+        except FileNotFoundError:     # another process removed the root, empty, between makedirs and mkdtemp
+            if attempt == 2:
+                raise
 
 
 def remove(path: str | None, end_processes: bool = False):
@@ -129,7 +136,11 @@ def remove(path: str | None, end_processes: bool = False):
         end(processes_in(path))
     if path:
         shutil.rmtree(path, ignore_errors=True)
+    _remove_root_if_empty()
+
+
+def _remove_root_if_empty():
     try:
-        os.rmdir(root())
+        os.rmdir(root())              # fails, as it should, while another folder is in it
     except OSError:
         pass

@@ -60,6 +60,34 @@ def test_a_folder_whose_owner_was_sigkilled_is_swept_by_the_next_make():
         scratch.remove(mine)
 
 
+def test_sweeping_the_last_dead_owners_folder_removes_the_empty_root(tmp_path, monkeypatch):
+    """A sweep that empties the root removes it too, as remove() does: no empty kit-scratch folder is left."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))              # a root of our own, nobody else's folders
+    code = "import os, signal, kit.scratch as s; print(s.make('train'), flush=True); os.kill(os.getpid(), 9)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    left = out.stdout.strip()
+    assert out.returncode == -signal.SIGKILL and os.path.dirname(left) == scratch.root()
+    assert scratch.sweep() == [left]
+    assert not os.path.exists(scratch.root())
+
+
+def test_make_retries_when_another_process_removed_the_empty_root_under_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real, calls = tempfile.mkdtemp, []
+
+    def mkdtemp(**kw):
+        calls.append(kw["dir"])
+        if len(calls) == 1:
+            os.rmdir(kw["dir"])                     # another process's remove(), between makedirs and mkdtemp
+        return real(**kw)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    path = scratch.make("probe")
+    assert len(calls) == 2 and os.path.isdir(path) and os.path.dirname(path) == scratch.root()
+    scratch.remove(path)
+    assert not os.path.exists(scratch.root())
+
+
 @pytest.mark.timeout(300)
 def test_a_sigkilled_kernels_controller_and_engines_are_ended_by_the_next_start(no_leaks):
     """A kernel SIGKILLed with a cluster up (nbval's kill, a crash) leaves its controller and engines running under
