@@ -160,14 +160,14 @@ def main(argv=None):
         tf.keras.utils.set_random_seed(args.seed + hvd.rank())
     if args.elastic:
         return train_elastic(args, tf, hvd, x, y)
-    # Horovod (6): each rank trains on its own 1/size of the data: an epoch is one pass over the data shared by
+    # Horovod: each rank trains on its own 1/size of the data: an epoch is one pass over the data shared by
     # the ranks (1/size of the steps, each on size x batch images), so the job keeps one process's 12 epochs.
     x, y = mnist.shard(x, y, hvd.rank(), hvd.size())
     epochs = args.epochs or mnist.EPOCHS
     workers, batch = args.as_workers or hvd.size(), args.batch_size * (args.as_workers or 1)
 
     model = mnist.build_model()
-    # Horovod (3): scale the learning rate by size (linear scaling rule) and average gradients with allreduce.
+    # Horovod (3) and (4): scale the learning rate by size (linear scaling rule); average gradients with allreduce.
     scaled_lr = mnist.BASE_LR * workers
     opt = hvd.DistributedOptimizer(tf.keras.optimizers.Adam(scaled_lr))
     model.compile(loss="sparse_categorical_crossentropy", optimizer=opt, metrics=["accuracy"])
@@ -175,7 +175,7 @@ def main(argv=None):
 
     history = []
     callbacks = [
-        # Horovod (4): start every replica from rank 0's weights.
+        # Horovod (5): start every replica from rank 0's weights.
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),
         # Horovod: average the metrics over ranks, so rank 0 prints the job's loss, not its own shard's.
         hvd.callbacks.MetricAverageCallback(),
@@ -187,7 +187,7 @@ def main(argv=None):
         hvd.callbacks.LearningRateScheduleCallback(initial_lr=scaled_lr, multiplier=lambda epoch: mnist.DECAY,
                                                    start_epoch=mnist.decay_start(epochs)),
     ]
-    # Horovod (5): only rank 0 writes checkpoints and prints progress.
+    # Horovod (6): only rank 0 writes checkpoints and prints progress.
     if root:
         if args.checkpoint_dir:
             callbacks.append(mnist.checkpoint_callback(args.checkpoint_dir))

@@ -185,12 +185,12 @@ def _torch_mnist_epoch(n_samples, seed):
     g = torch.Generator().manual_seed(seed)                                  # MNIST-shaped data, same on every rank
     train_set = TensorDataset(torch.rand(n_samples, 1, 28, 28, generator=g),
                               torch.randint(0, 10, (n_samples,), generator=g))
-    sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank())   # Horovod (6): shard
+    sampler = DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank())   # Horovod: shard
     loader = DataLoader(train_set, batch_size=mnist.BATCH, sampler=sampler, pin_memory=True)
     torch.manual_seed(hvd.rank())                                            # different init: broadcast fixes it
     net = mnist.torch_model().cuda()
     optimizer = torch.optim.Adadelta(net.parameters(), lr=1.0 * hvd.size())  # Horovod (3): the article's Adadelta
-    hvd.broadcast_parameters(net.state_dict(), root_rank=0)                  # Horovod (4)
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)                  # Horovod (5)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
     net.eval()                                                               # no dropout: replicas must match
