@@ -1,16 +1,16 @@
-"""kit.comm.dp and kit.bench.ddp: the learner's data parallelism (naive, overlapped, bucketed hooks; the ZeRO step)
-equals one process training on the N× batch, as do DDP (with and without the fp16 hook) and FSDP2; buckets are right
-on awkward shapes; the bytes and the benchmark's JSON."""
+"""kit.comm.dp and kit.ddp (and its benchmark, kit.bench.ddp): the learner's data parallelism (naive, overlapped,
+bucketed hooks; the ZeRO step) equals one process training on the N× batch, as do DDP (with and without the fp16 hook)
+and FSDP2; buckets are right on awkward shapes; the bytes and the benchmark's JSON."""
 import json
 
 import numpy as np
 import pytest
 
 from conftest import importable
-from kit.bench import ddp as ddpx
+from kit.ddp import schemes
 from kit.comm import costmodel, dp
 
-TINY = dict(ddpx.CFG, sizes=(16, 24, 24, 5), batch=8, warmup=2, reps=2)
+TINY = dict(schemes.CFG, sizes=(16, 24, 24, 5), batch=8, warmup=2, reps=2)
 
 
 # ----------------------------------------------------------------------------------- pure Python
@@ -42,31 +42,32 @@ def test_bytes_per_step_follow_the_ring_model():
 
 
 def test_schemes_and_labels():
-    names = ddpx.schemes((1024,), 2048)
+    names = schemes.all_schemes((1024,), 2048)
     assert names == ["local", "naive", "overlap", "buckets:1024", "ddp:2048", "ddp_fp16:2048", "horovod", "zero",
                      "fsdp"]
-    assert ddpx.label("buckets:1024") == "buckets 1 KB"
+    assert schemes.label("buckets:1024") == "buckets 1 KB"
 
 
 # ----------------------------------------------------------------------------------- on engines
 @pytest.mark.timeout(240)
 def test_tiny_benchmark_gives_its_rows_and_summary(tmp_path, cluster3):
     """The benchmark's tiny run on the shared engines (`python -m kit.bench` writing the JSON: tests/test_bench.py)."""
-    x, summary = ddpx.bench(tmp_path, tiny=True, cluster=cluster3)
+    from kit.bench import ddp as bench_ddp
+    x, summary = bench_ddp.bench(tmp_path, tiny=True, cluster=cluster3)
     doc = json.loads(json.dumps({"summary": summary, **x}, default=float))
     assert doc["summary"].startswith("ddp: N=3 gloo engines")
     assert "every scheme equals one-process SGD on the 3x batch: True" in doc["summary"]
-    assert len(doc["rows"]) == len(ddpx.schemes(ddpx.SETTINGS["tiny"]["buckets"]))
-    assert ddpx.table(doc).count("\n") == len(doc["rows"]) + 1
+    assert len(doc["rows"]) == len(schemes.all_schemes(bench_ddp.SETTINGS["tiny"]["buckets"]))
+    assert schemes.table(doc).count("\n") == len(doc["rows"]) + 1
 
 
 @pytest.mark.timeout(180)
 def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
-    names = ddpx.schemes((64, 1 << 20), 256)
-    per_rank = cluster3.view.apply_sync(ddpx.run_schemes, names, TINY)
+    names = schemes.all_schemes((64, 1 << 20), 256)
+    per_rank = cluster3.view.apply_sync(schemes.run_schemes, names, TINY)
     for rank, rows in enumerate(per_rank):
         for r in rows:
-            tol = ddpx.TOL.get(r["scheme"].partition(":")[0], ddpx.TOL_FLOAT32)
+            tol = schemes.TOL.get(r["scheme"].partition(":")[0], schemes.TOL_FLOAT32)
             if r["scheme"] != "local":
                 assert r["err"] <= tol, (rank, r["scheme"], r["err"])
             assert len(r["seconds"]) == TINY["reps"]
@@ -126,18 +127,18 @@ def _engine_zero_state():
     """Train with ZeroSGD; return this rank's momentum shard, the reference's full momentum and the weight error."""
     import torch
     import torch.distributed as dist
-    from kit.bench import ddp as ddpx
-    cfg = dict(ddpx.CFG, sizes=(16, 24, 24, 5), batch=8)
+    from kit.ddp import schemes
+    cfg = dict(schemes.CFG, sizes=(16, 24, 24, 5), batch=8)
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = ddpx.make_model(cfg)
+    model = schemes.make_model(cfg)
     opt = dp.ZeroSGD(model.parameters(), cfg["lr"], cfg["momentum"])
-    ref = ddpx.make_model(cfg)
-    ref_opt = ddpx.sgd(ref.parameters(), cfg)
+    ref = schemes.make_model(cfg)
+    ref_opt = schemes.sgd(ref.parameters(), cfg)
     for step in range(3):
-        ddpx.train_step(model, opt, lambda: None, *ddpx.batch(cfg, step, rank, world))
-        ddpx.train_step(ref, ref_opt, lambda: None, *ddpx.batch(cfg, step, None, world))
+        schemes.train_step(model, opt, lambda: None, *schemes.batch(cfg, step, rank, world))
+        schemes.train_step(ref, ref_opt, lambda: None, *schemes.batch(cfg, step, None, world))
     full = torch.cat([ref_opt.state[p]["momentum_buffer"].reshape(-1) for p in ref.parameters()])
-    return {"shard": opt.momentum.numpy(), "lo": opt.lo, "full": full.numpy(), "err": ddpx.max_diff(model, ref),
+    return {"shard": opt.momentum.numpy(), "lo": opt.lo, "full": full.numpy(), "err": schemes.max_diff(model, ref),
             "grads_left": [p.grad for p in model.parameters()]}
 
 
@@ -155,17 +156,17 @@ def test_zero_shards_concatenate_to_the_full_optimizer_state(cluster3):
 
 def _engine_ddp_vs_buckets():
     """The learner's buckets and torch's DDP, same model, same data: the same weights after 3 steps."""
-    from kit.bench import ddp as ddpx
+    from kit.ddp import schemes
     import torch.distributed as dist
-    cfg = dict(ddpx.CFG, sizes=(16, 24, 24, 5), batch=8)
+    cfg = dict(schemes.CFG, sizes=(16, 24, 24, 5), batch=8)
     rank, world = dist.get_rank(), dist.get_world_size()
     models = []
     for scheme in ("buckets:256", "ddp:256"):
-        model, opt, finish = ddpx.setup(scheme, ddpx.make_model(cfg), cfg)
+        model, opt, finish = schemes.setup(scheme, schemes.make_model(cfg), cfg)
         for step in range(3):
-            ddpx.train_step(model, opt, finish, *ddpx.batch(cfg, step, rank, world))
+            schemes.train_step(model, opt, finish, *schemes.batch(cfg, step, rank, world))
         models.append(model.module if hasattr(model, "module") else model)
-    return ddpx.max_diff(*models)
+    return schemes.max_diff(*models)
 
 
 @pytest.mark.timeout(120)
@@ -201,8 +202,8 @@ def _lab_run(N: int = 3) -> dict:
 
 
 def _claim(x, name):
-    from kit.bench import ddp_lab
-    return next((held, text) for n, held, text in ddp_lab.claims(x) if n == name)
+    from kit.ddp import lab
+    return next((held, text) for n, held, text in lab.claims(x) if n == name)
 
 
 def test_the_overlap_check_reads_the_interleaved_rounds_and_says_why_it_failed():
@@ -229,10 +230,10 @@ def test_the_overlap_check_reads_the_interleaved_rounds_and_says_why_it_failed()
 
 
 def test_the_wire_checks_hold_on_the_recorded_run_and_fail_when_the_bytes_are_off():
-    from kit.bench import ddp_lab
+    from kit.ddp import lab
     x = _lab_run()
-    assert [n for n, _, _ in ddp_lab.claims(x)] == ["overlap", "fp16", "bytes", "fsdp bytes", "memory"]
-    assert all(held for n, held, _ in ddp_lab.claims(x) if n != "overlap")
+    assert [n for n, _, _ in lab.claims(x)] == ["overlap", "fp16", "bytes", "fsdp bytes", "memory"]
+    assert all(held for n, held, _ in lab.claims(x) if n != "overlap")
     rows = {r["scheme"]: r for r in x["rows"]}
     fp16 = next(r for s, r in rows.items() if s.startswith("ddp_fp16:"))
     fp16["nic_tx"] = [b * 1.1 for b in fp16["nic_tx"]]       # 0.55× DDP's bytes: not half
@@ -243,16 +244,16 @@ def test_the_wire_checks_hold_on_the_recorded_run_and_fail_when_the_bytes_are_of
     held, text = _claim(x, "bytes")
     assert not held and "ZeRO-2" in text and "1.05" in text
     f = rows["fsdp"]                                        # Gloo: every reduce-scatter costs an allreduce
-    assert ddp_lab.gloo_bytes(f, 3) > 1.3 * f["sent"] and abs(max(f["nic_tx"]) / ddp_lab.gloo_bytes(f, 3) - 1) < 0.03
+    assert lab.gloo_bytes(f, 3) > 1.3 * f["sent"] and abs(max(f["nic_tx"]) / lab.gloo_bytes(f, 3) - 1) < 0.03
     rows["zero"]["held"]["grads"] *= 3                      # a ZeRO that kept the full gradient
     assert not _claim(x, "memory")[0]
 
 
 @pytest.mark.timeout(120)
 def test_the_timeline_records_every_allreduce_from_launch_to_done(cluster3):
-    from kit.bench import ddp_lab
-    per_rank = cluster3.view.apply_sync(ddp_lab.timeline, TINY, 3)
-    params = list(ddpx.make_model(TINY).parameters())
+    from kit.ddp import lab
+    per_rank = cluster3.view.apply_sync(lab.timeline, TINY, 3)
+    params = list(schemes.make_model(TINY).parameters())
     for rank, steps in enumerate(per_rank):
         assert len(steps) == 3
         for t in steps:
@@ -260,24 +261,25 @@ def test_the_timeline_records_every_allreduce_from_launch_to_done(cluster3):
             ar = t["allreduces"]   # one per gradient, in backward's order: the last layer's first
             assert [a["bytes"] for a in ar] == [4 * p.numel() for p in params][::-1]
             assert all(t["forward"] <= a["launched"] <= t["backward"] and a["launched"] <= a["done"] for a in ar)
-    slowest = ddp_lab.median_step(per_rank)
+    slowest = lab.median_step(per_rank)
     ends = sorted(max(ranks, key=lambda t: t["end"])["end"] for ranks in zip(*per_rank))
     assert slowest["end"] == ends[1]
 
 
 def test_the_timeline_sentence_says_what_ran_during_backward():
-    from kit.bench import ddp_lab
+    from kit.ddp import lab
+    from kit.plots.ddp import plot_overlap_step
     x = _lab_run()
     x["paired"]["comm"]["ms"] = 40.0
     x["timeline"] = {"rank": 2, "forward": 2.0, "backward": 6.0, "summed": 50.0, "end": 52.0, "allreduces": [
         {"bytes": 40, "launched": 2.5, "done": 5.0}, {"bytes": 589824, "launched": 3.0, "done": 30.0},
         {"bytes": 393216, "launched": 5.5, "done": 50.0}]}
-    text = ddp_lab.timeline_text(x)
+    text = lab.timeline_text(x)
     assert "forward ended at 2.0 ms and backward at 6.0 ms, its hooks having launched all 3 allreduces" in text
     assert "the first (40 bytes), launched at 2.5 ms, was done at 5.0 ms, and 1 of the 3 were done before" in text
     assert "the last was done at 50.0 ms, and the step ended at 52.0 ms" in text
     assert "took 47.5 ms beside the compute, 1.19× the 40.0 ms they took alone" in text
-    ax = ddp_lab.plot_timeline(x)
+    ax = plot_overlap_step(x)
     assert len(ax.get_yticks()) == 3 + 2
     import matplotlib.pyplot as plt
     plt.close(ax.figure)

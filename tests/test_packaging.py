@@ -208,13 +208,13 @@ def _mnist_on_lab_hosts(x: dict) -> list[str]:
 
 
 def _ddp(x: dict) -> list[str]:
-    from kit.bench.ddp import horovod_note, memory_table, table
+    from kit.ddp.schemes import horovod_note, memory_table, table
     return [table(x), memory_table(x), horovod_note(x)]
 
 
 def _ddp_lab(x: dict) -> list[str]:
-    from kit.bench.ddp import horovod_note
-    from kit.bench.ddp_lab import claims, table, timeline_text
+    from kit.ddp.lab import claims, table, timeline_text
+    from kit.ddp.schemes import horovod_note
     assert x["claims"] == [[list(c) for c in claims(run)] for run in x["runs"]], "results/ddp_lab.json's claims"
     return ([table(run) for run in x["runs"]] + [text for run in x["runs"] for _, _, text in claims(run)]
             + [horovod_note(run) for run in x["runs"]] + [timeline_text(run) for run in x["runs"]])

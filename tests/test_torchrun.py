@@ -1,4 +1,4 @@
-"""torchrun across 3 lab hosts (kit.bench.torchrun, notebook 05 section 8): the DDP job on one node per host with the
+"""torchrun across 3 lab hosts (kit.ddp.torchrun, notebook 05 section 8): the DDP job on one node per host with the
 c10d rendezvous on h1, a host cut mid-run (torchrun's elastic restart carries on with 2 nodes from the last
 checkpoint), checked by the section's own check, and nothing left on the hosts. The live run is notebook 05's own
 (section 8, under `make test` at a smoke size; as root, CI): its cell raises on any claim `torchrun.check(run, lab)`
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.bench import torchrun
+from kit.ddp import torchrun
 
 
 def test_a_cut_host_must_not_be_the_rendezvous_host():
@@ -30,7 +30,7 @@ def test_the_command_is_the_same_on_every_host():
                             max_restarts=3)
     assert argv[:6] == ["torchrun", "--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                         "--rdzv-endpoint=198.18.0.2:29400", "--rdzv-id=kit"]
-    assert "--max-restarts=3" in argv and argv[argv.index("-m") + 1] == "kit.bench.torchrun"
+    assert "--max-restarts=3" in argv and argv[argv.index("-m") + 1] == "kit.ddp.torchrun"
 
 
 CUT_RUN = json.loads((Path(__file__).parent / "data" / "torchrun_cut_run.json").read_text())

@@ -1,281 +1,37 @@
-"""From the ring to DDP and ZeRO (notebook 05 and `python -m kit.bench ddp`), each experiment written once.
-
-    x = experiment(cluster, reps=10)        # every scheme on the engines: step time, correctness, memory, bytes
-    table(x), memory_table(x), plot(x)      # what the notebook shows and docs/benchmarks/ddp.md holds
-
-The schemes: `local` (no communication: the compute alone), the learner's `naive`, `overlap` and `buckets:<bytes>`
-(kit.comm.dp), `ddp:<bytes>` (torch's DistributedDataParallel, bucket_cap_mb) and `ddp_fp16:<bytes>` (with the
-fp16 compress comm hook), `horovod` (Horovod's DistributedOptimizer: its tensor fusion and cycle time, at the
-engines' Horovod settings), `zero` (kit.comm.dp.ZeroSGD) and `fsdp` (FSDP2, torch.distributed.fsdp.fully_shard).
-Each starts from the same seeded MLP and trains on its rank's slice of the same global batches; its final weights
-are compared with one process training on the N× batch.
-"""
+"""`python -m kit.bench ddp`: notebook 05's schemes (kit.ddp.schemes) on 3 gloo engines at benchmark size: time,
+correctness, memory and bytes per rank → results/ddp.json, results/ddp.png, docs/benchmarks/ddp.md."""
 from __future__ import annotations
 
-import time
+from kit.comm import costmodel
+from kit.ddp import schemes
 
-import numpy as np
-
-from kit.bench.network import counters
-from kit.comm import costmodel, dp
-
-CFG = dict(sizes=(256, 384, 384, 384, 384, 384, 384, 10), batch=64, lr=0.01, momentum=0.9, seed=0, warmup=2, reps=10)
-BUCKETS = (16 << 10, 256 << 10, 1 << 20, 4 << 20)      # the bucket-size sweep (bytes)
-DDP_BUCKET = 1 << 20                                   # bucket_cap_mb for DDP, in bytes
-# max |w - w_ref| allowed after warmup + reps steps. float32 sums in another order differ by ~1e-7 per step; with
-# lr = 0.01 that stayed below 1e-6 over 32 steps (with lr = 0.05 it grew to 2e-5). The fp16 hook rounds
-# every gradient to float16 (~5e-4 relative), far above that.
-TOL = {"ddp_fp16": 1e-3}
-TOL_FLOAT32 = 1e-5
-LABELS = {"local": "compute only (no communication)", "naive": "naive: one allreduce per gradient",
-          "overlap": "overlap: async, wait before step", "buckets": "buckets", "ddp": "DDP",
-          "ddp_fp16": "DDP + fp16 compress hook", "horovod": "Horovod DistributedOptimizer (tensor fusion)",
-          "zero": "ZeRO-2 (reduce-scatter, all-gather)",
-          "fsdp": "FSDP2 fully_shard"}
+SETTINGS = {
+    "tiny": dict(cfg=dict(sizes=(16, 32, 32, 4), batch=8, reps=2), buckets=(256, 4096), alpha_beta=False),
+    "quick": dict(cfg=dict(reps=5), buckets=schemes.BUCKETS, alpha_beta=True),
+    "full": dict(cfg=dict(reps=30), buckets=schemes.BUCKETS, alpha_beta=True),
+}
 
 
-def schemes(buckets=BUCKETS, ddp_bucket=DDP_BUCKET) -> list[str]:
-    """The schemes of one experiment, in the order they run and are shown."""
-    return ["local", "naive", "overlap", *[f"buckets:{b}" for b in buckets], f"ddp:{ddp_bucket}",
-            f"ddp_fp16:{ddp_bucket}", "horovod", "zero", "fsdp"]
-
-
-def label(scheme: str) -> str:
-    kind, _, arg = scheme.partition(":")
-    return LABELS[kind] + (f" {costmodel.human(int(arg))}" if arg else "")
-
-
-# ----------------------------------------------------------------------------------- on every engine
-def make_model(cfg):
-    """The MLP of the experiment, the same on every rank (seeded)."""
-    import torch
-    torch.manual_seed(cfg["seed"])
-    layers = []
-    for a, b in zip(cfg["sizes"], cfg["sizes"][1:]):
-        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers[:-1])
-
-
-def batch(cfg, step: int, rank: int | None, world: int):
-    """Step `step`'s global batch of world × cfg["batch"] samples; rank r gets rows r·B..(r+1)·B (None: all)."""
-    import torch
-    g = torch.Generator().manual_seed(1000 * cfg["seed"] + step)
-    x = torch.randn(world * cfg["batch"], cfg["sizes"][0], generator=g)
-    y = torch.randint(0, cfg["sizes"][-1], (world * cfg["batch"],), generator=g)
-    if rank is None:
-        return x, y
-    rows = slice(rank * cfg["batch"], (rank + 1) * cfg["batch"])
-    return x[rows], y[rows]
-
-
-def sgd(params, cfg):
-    import torch
-    return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"])
-
-
-def train_step(model, opt, finish, x, y):
-    """One step: forward, backward (the hooks communicate), finish() (wait), the optimizer's step."""
-    import torch.nn.functional as F
-    opt.zero_grad()
-    F.cross_entropy(model(x), y).backward()
-    finish()
-    opt.step()
-
-
-def reference(cfg, world: int, steps: int):
-    """One process, no communication: `steps` steps of SGD on the whole world × B batch."""
-    model = make_model(cfg)
-    opt = sgd(model.parameters(), cfg)
-    for step in range(steps):
-        train_step(model, opt, lambda: None, *batch(cfg, step, None, world))
-    return model
-
-
-def max_diff(model, ref) -> float:
-    """Largest |w - w_ref| over all weights (a sharded FSDP2 parameter is gathered first: call on every rank)."""
-    out = 0.0
-    for p, q in zip(model.parameters(), ref.parameters()):
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        out = max(out, float((full.detach() - q.detach()).abs().max()))
-    return out
-
-
-def setup(scheme: str, model, cfg):
-    """Wrap `model` for `scheme`; return (model, optimizer, finish), finish() to call between backward and step."""
-    import torch
-    kind, _, arg = scheme.partition(":")
-    finish = lambda: None   # noqa: E731
-    if kind == "naive":
-        dp.naive_allreduce_hooks(model)
-    elif kind == "overlap":
-        finish = dp.Overlap(model).finish
-    elif kind == "buckets":
-        finish = dp.Buckets(model, int(arg)).finish
-    elif kind in ("ddp", "ddp_fp16"):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=int(arg) / 2**20)
-        # allreduce_hook is DDP's default, written in Python: so dp.counting() sees its calls
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook if kind == "ddp_fp16"
-                                 else default_hooks.allreduce_hook)
-    elif kind == "horovod":     # hooks that hand each gradient to Horovod's background thread; step() waits
-        import horovod.torch as hvd
-        return model, hvd.DistributedOptimizer(sgd(model.parameters(), cfg),
-                                               named_parameters=model.named_parameters()), finish
-    elif kind == "zero":
-        return model, dp.ZeroSGD(model.parameters(), cfg["lr"], cfg["momentum"]), finish
-    elif kind == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)                       # each Linear: its own all-gather and reduce-scatter
-        fully_shard(model)
-    elif kind != "local":
-        raise ValueError(f"unknown scheme {scheme!r}")
-    return model, sgd(model.parameters(), cfg), finish
-
-
-def run_schemes(names: list[str], cfg: dict) -> list[dict]:
-    """On every engine: run each scheme for warmup + reps steps; time each step (after a barrier), count one
-    step's collectives, measure what this rank holds, compare the weights with the one-process reference."""
-    import torch.distributed as dist
-    rank, world = dist.get_rank(), dist.get_world_size()
-    steps = cfg["warmup"] + cfg["reps"]
-    ref = reference(cfg, world, steps)
-    out = []
-    for name in names:
-        model, opt, finish = setup(name, make_model(cfg), cfg)
-        seconds, calls, c0 = [], [], None
-        for step in range(steps):
-            x, y = batch(cfg, step, rank, world)
-            if step == cfg["warmup"] and cfg.get("nic"):   # on lab hosts: the NIC's counters around the timed steps
-                dist.barrier()
-                c0 = counters()
-            dist.barrier()
-            t0 = time.perf_counter()
-            with dp.counting() if step == cfg["warmup"] - 1 else _nothing() as seen:   # a warmed-up step
-                train_step(model, opt, finish, x, y)
-            seconds.append(time.perf_counter() - t0)
-            calls = seen if seen is not None else calls
-        nic = None
-        if c0 is not None:
-            dist.barrier()
-            nic = {k: (v - c0[k]) / cfg["reps"] for k, v in counters().items()}     # bytes per timed step
-        out.append({"scheme": name, "seconds": seconds[cfg["warmup"]:], "calls": calls, "nic": nic,
-                    "held": dp.held_bytes(model, opt), "err": max_diff(model, ref)})
-    return out
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-# ----------------------------------------------------------------------------------- the experiment
-def experiment(cluster=None, n: int = 3, cfg: dict | None = None, names: list[str] | None = None,
-               alpha_beta: bool = True) -> dict:
-    """Run every scheme on the engines of `cluster` (or of a gloo job of n engines started, and stopped, here);
-    with alpha_beta, also measure α and B by ping-pong (kit.comm.costmodel). Return the rows and settings."""
-    from kit import cluster as kc
-    cfg = {**CFG, **(cfg or {})}
-    names = names or schemes()
-    own = cluster is None
-    try:
-        if own:
-            cluster = kc.start(n=n, backend="gloo", quiet=True)
-            cluster.init_process_group()
-        per_rank = cluster.wait(cluster.view.apply_async(run_schemes, names, cfg))
-        ab = costmodel.measure_alpha_beta(cluster, repeats=5, rounds=1) if alpha_beta else None
-        N = cluster.size
-    finally:
-        if own and cluster is not None:
-            cluster.stop()
-    model = make_model(cfg)
-    K = sum(p.numel() * p.element_size() for p in model.parameters())
-    rows = [_row(name, [r[i] for r in per_rank], N, K, ab) for i, name in enumerate(names)]
-    return {"N": N, "cfg": cfg, "K": K, "tensors": len(list(model.parameters())), "rows": rows,
-            "alpha_s": ab and ab["alpha"], "B_bytes_per_s": ab and ab["B"]}
-
-
-def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
-    kind = name.partition(":")[0]
-    err = max(r["err"] for r in ranks)
-    calls = ranks[0]["calls"]
-    held = {k: max(r["held"][k] for r in ranks) for k in ("params", "grads", "optimizer")}
-    slowest = 1e3 * np.max([r["seconds"] for r in ranks], axis=0)          # each step's slowest rank, ms
-    row = {"scheme": name, "label": label(name), "step_ms": float(np.median(slowest)),
-           "step_ms_range": [float(slowest.min()), float(slowest.max())],
-           "err": err, "ok": None if kind == "local" else err <= TOL.get(kind, TOL_FLOAT32),
-           "calls": len(calls), "handed": sum(b for _, b in calls), "sent": dp.sent_per_step(calls, N),
-           "handed_by": {c: sum(b for name, b in calls if name == c) for c, _ in calls},
-           "held": held, "state_share": sum(held.values()) / (3 * K)}
-    if ranks[0].get("nic"):                        # lab hosts: what each host's NIC sent and received per step
-        row["nic_tx"], row["nic_rx"] = [r["nic"]["tx"] for r in ranks], [r["nic"]["rx"] for r in ranks]
-    if ab is not None and calls and all(c == "all_reduce" for c, _ in calls):
-        row["model_comm_ms"] = 1e3 * dp.t_comm_buckets(N, [b for _, b in calls], ab["alpha"], ab["B"])
-    return row
-
-
-def by_scheme(x: dict) -> dict:
-    return {r["scheme"]: r for r in x["rows"]}
-
-
-def first(x: dict, kind: str) -> dict:
-    """The first row of a scheme kind, whatever its bucket size: first(x, "ddp") is the `ddp:<bytes>` row."""
-    return next(r for r in x["rows"] if r["scheme"].partition(":")[0] == kind)
-
-
-def table(x: dict) -> str:
-    """The markdown table of every scheme: step time, collectives and bytes per step, correctness."""
-    out = ["| scheme | step ms | collectives / step | bytes handed / step | sent per rank (ring model) | "
-           "max abs(w − w_ref) |", "|---|---:|---:|---:|---:|---:|"]
-    for r in x["rows"]:
-        same = "–" if r["ok"] is None else f"{r['err']:.1e} ({'ok' if r['ok'] else 'NOT equal'})"
-        out.append(f"| {r['label']} | {r['step_ms']:.1f} | {calls_cell(r)} | {r['handed']:,} | {r['sent']:,.0f} | "
-                   f"{same} |")
-    return "\n".join(out)
-
-
-def calls_cell(r: dict) -> str:
-    """A row's collectives per step; Horovod's are the gradients handed to it, fused on its own thread."""
-    return f"{r['calls']} handed, fused" if r["scheme"] == "horovod" else str(r["calls"])
-
-
-def horovod_note(x: dict) -> str:
-    """Horovod's DistributedOptimizer against DDP on a run, from its numbers: median and spread of the steps."""
-    h, d = by_scheme(x)["horovod"], first(x, "ddp")
-    (lo, hi), (dlo, dhi) = h["step_ms_range"], d["step_ms_range"]
-    out = (f"Horovod's DistributedOptimizer handed the {h['calls']} gradients one by one to its background thread, "
-           f"which fuses whatever is ready each cycle: {h['step_ms']:.1f} ms per step (median; {lo:.0f}–{hi:.0f} over "
-           f"the steps) against DDP's {d['step_ms']:.1f} ({dlo:.0f}–{dhi:.0f}), "
-           + ("with the same weights." if h["ok"] else "and NOT the same weights."))
-    if lo <= 1.2 * d["step_ms"] < h["step_ms"] / 1.5:
-        out += (" Its fastest steps match DDP's median; its median is set by steps that wait. Horovod's thread "
-                "negotiates with every rank each cycle, and here it shares the cores with the engines; this run "
-                "does not separate the two.")
-    return out
-
-
-def memory_table(x: dict) -> str:
-    """The markdown table of what each rank holds (largest over ranks), against the full replicated state."""
-    out = ["| scheme | params B | grads B | optimizer state B | share of params + grads + momentum |",
-           "|---|---:|---:|---:|---:|"]
-    for r in x["rows"]:
-        if r["scheme"].partition(":")[0] in ("naive", "ddp", "zero", "fsdp"):
-            h = r["held"]
-            out.append(f"| {r['label']} | {h['params']:,} | {h['grads']:,} | {h['optimizer']:,} | "
-                       f"{r['state_share']:.3f} |")
-    return "\n".join(out)
+def bench(out_dir, quick: bool = False, tiny: bool = False, cluster=None):
+    """Run every scheme on 3 gloo engines (on `cluster`'s engines when given: the tests share theirs)."""
+    s = SETTINGS["tiny" if tiny else "quick" if quick else "full"]
+    names = schemes.all_schemes(s["buckets"], s["buckets"][-1] if tiny else schemes.DDP_BUCKET)
+    x = schemes.experiment(cluster, n=3, cfg=s["cfg"], names=names, alpha_beta=s["alpha_beta"])
+    if not tiny:
+        import matplotlib.pyplot as plt
+        from kit.plots.ddp import plot_schemes
+        axes = plot_schemes(x)
+        axes[0].figure.savefig(out_dir / "ddp.png", dpi=120, bbox_inches="tight")
+        plt.close(axes[0].figure)
+    return x, summary(x)
 
 
 def summary(x: dict) -> str:
     """The one-line summary of a run (the benchmark's last line)."""
-    s, N = by_scheme(x), x["N"]
+    s, N = schemes.by_scheme(x), x["N"]
     buckets = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
     best = min(buckets, key=lambda r: r["step_ms"])
-    ddp, fp16 = first(x, "ddp"), first(x, "ddp_fp16")
+    ddp, fp16 = schemes.first(x, "ddp"), schemes.first(x, "ddp_fp16")
     ok = all(r["ok"] for r in x["rows"] if r["ok"] is not None)
     return (f"ddp: N={N} gloo engines, MLP K={x['K']:,} B in {x['tensors']} tensors: every scheme equals one-process "
             f"SGD on the {N}x batch: {ok}; step ms: compute only {s['local']['step_ms']:.1f}, naive "
@@ -286,50 +42,3 @@ def summary(x: dict) -> str:
             f"fp16 hook hands {fp16['handed'] / ddp['handed']:.2f}x DDP's bytes; state per rank (1/N = "
             f"{1 / N:.3f}): ZeRO {s['zero']['state_share']:.3f}, FSDP2 {s['fsdp']['state_share']:.3f}")
 
-
-def plot(x: dict, axes=None):
-    """Left: step time of every scheme; right: the bucket sweep, measured, against the α–β model."""
-    import matplotlib.pyplot as plt
-    if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 2]})
-    rows, local = x["rows"], by_scheme(x)["local"]["step_ms"]
-    ax = axes[0]
-    ax.barh([r["label"] for r in rows][::-1], [r["step_ms"] for r in rows][::-1], color="tab:blue")
-    ax.set_xlabel("ms per step (median)")
-    ax.set_title(f"one training step, N = {x['N']} engines (gloo, loopback)")
-    ax = axes[1]
-    buckets = [r for r in rows if r["scheme"].startswith("buckets:")]
-    sizes = [int(r["scheme"].split(":")[1]) for r in buckets]
-    ax.plot(sizes, [r["step_ms"] for r in buckets], "o-", label="measured step")
-    if all("model_comm_ms" in r for r in buckets):
-        ax.plot(sizes, [local + r["model_comm_ms"] for r in buckets], "s--",
-                label="compute only + α–β model of the allreduces")
-    ax.axhline(local, color="grey", lw=1, label="compute only")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [costmodel.human(s) for s in sizes])
-    ax.set_xlabel("bucket size")
-    ax.set_ylabel("ms per step")
-    ax.legend(fontsize=8)
-    return axes
-
-
-# ----------------------------------------------------------------------------------- the benchmark
-SETTINGS = {
-    "tiny": dict(cfg=dict(sizes=(16, 32, 32, 4), batch=8, reps=2), buckets=(256, 4096), alpha_beta=False),
-    "quick": dict(cfg=dict(reps=5), buckets=BUCKETS, alpha_beta=True),
-    "full": dict(cfg=dict(reps=30), buckets=BUCKETS, alpha_beta=True),
-}
-
-
-def bench(out_dir, quick: bool = False, tiny: bool = False, cluster=None):
-    """python -m kit.bench ddp: every scheme on 3 gloo engines: time, correctness, memory and bytes per rank
-    (on `cluster`'s engines when given: the tests share theirs)."""
-    s = SETTINGS["tiny" if tiny else "quick" if quick else "full"]
-    x = experiment(cluster, n=3, cfg=s["cfg"], names=schemes(s["buckets"], s["buckets"][-1] if tiny else DDP_BUCKET),
-                   alpha_beta=s["alpha_beta"])
-    if not tiny:
-        import matplotlib.pyplot as plt
-        axes = plot(x)
-        axes[0].figure.savefig(out_dir / "ddp.png", dpi=120, bbox_inches="tight")
-        plt.close(axes[0].figure)
-    return x, summary(x)

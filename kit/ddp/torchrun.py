@@ -1,12 +1,12 @@
 """torchrun across lab hosts (notebook 05): the same DDP script on every host, one node per host, c10d rendezvous on
 h1; a host cut mid-run ends in torchrun's elastic restart on the others (resumed from the last checkpoint).
 
-    run = kit.bench.torchrun.run_on_lab(lab, steps=40)                        # 3 hosts, 3 nodes, one rank each
-    run = kit.bench.torchrun.run_on_lab(lab, steps=40, cut="h3", cut_after=10)  # --nnodes=2:3: carry on with 2
+    run = kit.ddp.torchrun.run_on_lab(lab, steps=40)                        # 3 hosts, 3 nodes, one rank each
+    run = kit.ddp.torchrun.run_on_lab(lab, steps=40, cut="h3", cut_after=10)  # --nnodes=2:3: carry on with 2
     run["events"]          # rank 0's log: per step its world size, torchrun's restart count, the loss
 
-The training (`python -m kit.bench.torchrun`, what torchrun starts on each node) is notebook 05's MLP under
-`DistributedDataParallel` over Gloo (kit.bench.ddp's model and batches), with a checkpoint on the shared file system
+The training (`python -m kit.ddp.torchrun`, what torchrun starts on each node) is notebook 05's MLP under
+`DistributedDataParallel` over Gloo (kit.ddp.schemes' model and batches), with a checkpoint on the shared file system
 every `ckpt_every` steps. A host whose link is cut stops answering: the survivors' allreduce fails after the
 process group's timeout, their torchrun agents restart the workers, the c10d rendezvous drops the silent node once
 its heartbeats are old, and the new, smaller world resumes from the checkpoint.
@@ -37,7 +37,7 @@ def command(lab, *, nnodes: str, steps: int, folder: str, timeout: float, ckpt_e
     """Return the torchrun command line every host runs (the same on each, as on a cluster)."""
     return ["torchrun", f"--nnodes={nnodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={lab.addr_of('h1')}:{PORT}", "--rdzv-id=kit", f"--rdzv-conf={RDZV_CONF}",
-            f"--max-restarts={max_restarts}", "--monitor-interval=1", "-m", "kit.bench.torchrun",
+            f"--max-restarts={max_restarts}", "--monitor-interval=1", "-m", "kit.ddp.torchrun",
             "--steps", str(steps), "--folder", folder, "--timeout", str(timeout), "--ckpt-every", str(ckpt_every),
             "--step-sleep", str(step_sleep)]
 
@@ -150,7 +150,7 @@ def train(steps: int, folder: str, timeout: float, ckpt_every: int, step_sleep: 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from kit.bench import ddp as exp
+    from kit.ddp import schemes as exp
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = dict(exp.CFG, batch=32)
@@ -188,7 +188,7 @@ def train(steps: int, folder: str, timeout: float, ckpt_every: int, step_sleep: 
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="one rank of kit.bench.torchrun's DDP job (started by torchrun)")
+    ap = argparse.ArgumentParser(description="one rank of kit.ddp.torchrun's DDP job (started by torchrun)")
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--folder", required=True)
     ap.add_argument("--timeout", type=float, default=15)
