@@ -8,6 +8,7 @@ from kit.plots.data import (
     plot_timeline, plot_elastic, plot_lab_scaling)
 from kit.plots.ddp import plot_schemes, plot_ddp_lab, plot_overlap_step
 from kit.plots.network import plot_network  # its tables and summary: kit.plots.network
+from kit.plots.trace import plot_trace, plot_traces, plot_ranks  # torch.profiler traces (kit.trace)
 from kit.plots.style import LABELS, axes, figure
 from kit import _lazy_submodules
 
