@@ -81,9 +81,10 @@ def test_checkpoint_roundtrip_keeps_weights_and_optimizer_state(tmp_path):
     fresh = mnist.build_model()
     fresh.compile(loss="sparse_categorical_crossentropy", optimizer=tf.keras.optimizers.Adam(mnist.BASE_LR))
     state = mnist.latest_good_checkpoint(tmp_path, fresh)
-    mnist.restore(fresh, state)
+    mnist.checkpoint.restore(fresh, state)
     assert state["epoch"] == 3 and mnist.weights_digest(fresh) == mnist.weights_digest(model)
-    for a, b in zip(mnist.optimizer_variables(model.optimizer), mnist.optimizer_variables(fresh.optimizer)):
+    variables = mnist.checkpoint.optimizer_variables
+    for a, b in zip(variables(model.optimizer), variables(fresh.optimizer)):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert int(fresh.optimizer.iterations.numpy()) == 2
 
@@ -135,7 +136,7 @@ def test_timeline_parser_reads_an_unfinished_file_and_plots(tmp_path):
     rows = mnist.read_timeline(path)
     assert [(r["tensor"], r["phase"], r["depth"]) for r in rows] == [
         ("grads_4", "NEGOTIATE_ALLREDUCE", 0), ("grads_4", "ALLREDUCE", 0), ("grads_4", "GLOO_ALLREDUCE", 1)]
-    assert mnist.timeline_summary(rows) == pytest.approx(
+    assert timeline.timeline_summary(rows) == pytest.approx(
         {"NEGOTIATE_ALLREDUCE": 0.002, "ALLREDUCE": 0.0042, "GLOO_ALLREDUCE": 0.004})
     import matplotlib
     matplotlib.use("Agg")

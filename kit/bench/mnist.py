@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kit.mnist import model, timeline
+from kit.mnist import model, script, timeline
 from kit.mnist.accuracy import CONTROL, median_gap
 from kit.plots import figure, plot_accuracy, plot_throughput, plot_timeline
 
@@ -23,39 +23,39 @@ def bench(out_dir: Path, quick: bool, tiny: bool = False) -> tuple[dict, str]:
     only, and the timeline recorded during the 2-worker training instead of a run of its own (5 launches, not 8)."""
     quick = quick or tiny
     repeats, steps = (1, 10) if quick else (5, 60)
-    names = ["pinned"] if quick else list(model.SETTINGS)      # quick: a smoke run of every step, one pair each
-    throughput = {name: model.paired_throughput(model.SETTINGS[name], repeats, steps) for name in names}
+    names = ["pinned"] if quick else list(script.SETTINGS)      # quick: a smoke run of every step, one pair each
+    throughput = {name: script.paired_throughput(script.SETTINGS[name], repeats, steps) for name in names}
     if not tiny:
-        throughput["pinned_mpi"] = model.paired_throughput(model.SETTINGS["pinned"], repeats if quick else 3, steps,
+        throughput["pinned_mpi"] = script.paired_throughput(script.SETTINGS["pinned"], repeats if quick else 3, steps,
                                                            launcher="mpi")
     if not quick:      # what MPI_ENV's yield-when-idle buys: the same pairs with Open MPI's default busy-polling
-        throughput["pinned_mpi_busy_poll"] = model.paired_throughput(model.SETTINGS["pinned"], 3, steps, launcher="mpi",
-                                                               env={"OMPI_MCA_mpi_yield_when_idle": "0"})
+        throughput["pinned_mpi_busy_poll"] = script.paired_throughput(
+            script.SETTINGS["pinned"], 3, steps, launcher="mpi", env={"OMPI_MCA_mpi_yield_when_idle": "0"})
     timeline_file, timeline_env = Path(out_dir) / "mnist_timeline.json", {}
     if tiny:
         timeline_env = {"HOROVOD_TIMELINE": str(timeline_file)}
     else:
-        model.run_script(2, ["--synthetic-steps", "10" if quick else "20", *model.SETTINGS["pinned"]],
+        script.run_script(2, ["--synthetic-steps", "10" if quick else "20", *script.SETTINGS["pinned"]],
                          env={"HOROVOD_TIMELINE": str(timeline_file)})
     data = (["--dataset", "digits", "--epochs", "1", "--train-samples", "512"] if quick else
             ["--dataset", "auto", "--train-samples", str(model.SUBSET[0]), "--test-samples", str(model.SUBSET[1])])
     seeds = model.SEEDS[:1] if quick else model.SEEDS        # the accuracy's spread: one run per seed
-    dists = [model.run_script(2, [*data, "--seed", str(s), *model.SETTINGS["pinned"]],
+    dists = [script.run_script(2, [*data, "--seed", str(s), *script.SETTINGS["pinned"]],
                               env=timeline_env if s == seeds[0] else None) for s in seeds]
-    singles = [model.run_script(1, [*data, "--seed", str(s), "--epochs", str(dists[0]["epochs"]), "--threads", "2"])
+    singles = [script.run_script(1, [*data, "--seed", str(s), "--epochs", str(dists[0]["epochs"]), "--threads", "2"])
                for s in seeds]
     # The control: one process trained as the 2 workers are (2x the batch and rate, their warmup): is a gap the
     # larger batch's or the distribution's?
-    controls = [model.run_script(1, [*data, "--seed", str(s), "--epochs", str(dists[0]["epochs"]), "--threads", "2",
+    controls = [script.run_script(1, [*data, "--seed", str(s), "--epochs", str(dists[0]["epochs"]), "--threads", "2",
                                      "--as-workers", "2"]) for s in seeds]
     dist, single = dists[0], singles[0]
     long = None
     if LONG and not quick:
         epochs = ["--epochs", str(LONG * dist["epochs"])]
         long = {"epochs": LONG * dist["epochs"],
-                "2_workers": [model.run_script(2, [*data, *epochs, "--seed", str(s), *model.SETTINGS["pinned"]])
+                "2_workers": [script.run_script(2, [*data, *epochs, "--seed", str(s), *script.SETTINGS["pinned"]])
                               ["test_accuracy"] for s in seeds],
-                "1_process": [model.run_script(1, [*data, *epochs, "--seed", str(s), "--threads", "2"])
+                "1_process": [script.run_script(1, [*data, *epochs, "--seed", str(s), "--threads", "2"])
                               ["test_accuracy"] for s in seeds]}
     result = {"dataset": dist["dataset"], "epochs": dist["epochs"], "schedule": model.SCHEDULE,
               "throughput": throughput,

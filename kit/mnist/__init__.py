@@ -1,16 +1,23 @@
-"""Horovod + Keras MNIST (notebook 04): model, data and jobs (model; its names are this package's), the training
-script (`python -m kit.mnist.train`), checkpoints, Horovod's timeline, elastic training and the lab runs (lab)."""
+"""Horovod + Keras MNIST (notebook 04): the model and its data (model), TensorFlow imported quietly (tfimport), Keras
+callbacks (callbacks), synthetic throughput (throughput), the training script (`python -m kit.mnist.train`) run as a
+job (script), checkpoints (checkpoint), Horovod's timeline (timeline), the accuracy lesson (accuracy), elastic
+training (elastic) and the lab runs (lab). The names below are those notebooks 04 and 04a, the training script and
+the docs use; each is defined in the module named beside it."""
 from kit.mnist.model import (
-    CKPT_RE, CheckpointError, check_writable, checkpoint_callback, latest_good_checkpoint, list_checkpoints,
-    load_checkpoint, optimizer_variables, restore, resume, save_checkpoint, pin_to_core, MPI_ENV, plot_history,
-    plot_throughput, plot_timeline, allreduce_seconds_per_step, read_timeline, timeline_summary, BATCH, EPOCHS,
-    BASE_LR, WARMUP_EPOCHS, DECAY, SCHEDULE, decay_start, SYNTHETIC_WARMUP, REPO, TRAIN,
-    TRAIN_FILE, launch_env, import_tf_quietly, keras, build_model,
-    prepare, subset, shard, steps_per_epoch, SUBSET, SEEDS, weights_digest, epoch_log,
-    throughput_callback, engine_throughput,
-    synthetic_throughput, torch_model, SETTINGS, run_script, paired_runs, paired_throughput, explain_threads,
-    readme_table)
+    BATCH, EPOCHS, BASE_LR, WARMUP_EPOCHS, DECAY, SCHEDULE, build_model, prepare, subset, shard, steps_per_epoch,
+    decay_start, weights_digest)
+from kit.mnist.tfimport import import_tf_quietly
+from kit.mnist.callbacks import epoch_log
+from kit.mnist.throughput import engine_throughput, synthetic_throughput, paired_runs, explain_threads, readme_table
+from kit.mnist.torch_model import torch_model
+from kit.mnist.script import REPO, TRAIN, TRAIN_FILE, launch_env, paired_throughput
+from kit.mnist.checkpoint import (
+    CKPT_RE, CheckpointError, check_writable, checkpoint_callback, latest_good_checkpoint, list_checkpoints, resume,
+    save_checkpoint)
+from kit.mnist.timeline import allreduce_seconds_per_step, read_timeline
 from kit.mnist.accuracy import accuracy_spread, accuracy_lesson, accuracy_table, accuracy_claim, batch_control
+from kit.env import pin_to_core            # its home is kit.env; notebooks 04 and 04a call mnist.pin_to_core
+from kit.plots.data import plot_throughput, plot_timeline   # notebook 04a draws them as mnist.plot_*
 from kit import _lazy_submodules
 
 __getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())

@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 
-from kit.mnist.model import REPO, SCHEDULE
+from kit.mnist.model import SCHEDULE
+from kit.mnist.script import REPO
 
 
 def accuracy_spread(dataset: str, subset, epochs: int, workers: int = 2) -> dict | None:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kit import scratch
-from kit.mnist.model import REPO, TRAIN
+from kit.mnist.script import REPO, TRAIN
 
 PAUSE = 1.0           # s without a finished batch that counts as a pause of training (an epoch's end takes less)
 # s: how long survivors wait in a collective for a peer behind a cut link (Horovod's default is 30). It also bounds

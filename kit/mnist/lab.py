@@ -20,7 +20,8 @@ from pathlib import Path
 
 from kit import scratch
 from kit.mnist import timeline
-from kit.mnist.model import REPO, TRAIN, SYNTHETIC_WARMUP as WARMUP  # steps left out of samples/s
+from kit.mnist.script import REPO, TRAIN
+from kit.mnist.throughput import SYNTHETIC_WARMUP as WARMUP  # steps left out of samples/s
 
 # one compute thread per worker, pinned to core (rank mod cores): the lab's hosts share this machine's cores (on
 # a real cluster, one worker per host, --pin would pin by local rank; here every local rank is 0)
@@ -29,7 +30,8 @@ THREADS = ["--threads", "1", "--inter-op-threads", "1", "--pin-by-rank"]
 
 def gradient_bytes() -> int:
     """Return the bytes one step's gradients take (float32): what each worker's allreduce reduces, K."""
-    from kit.mnist.model import build_model, import_tf_quietly
+    from kit.mnist.model import build_model
+    from kit.mnist.tfimport import import_tf_quietly
     import_tf_quietly()
     return 4 * int(sum(w.shape.num_elements() for w in build_model().trainable_weights))
 
