@@ -1,9 +1,10 @@
 """The input pipeline of notebook 01 (pipeline; its names are this package's), Keras/tf.data loaders (tfdata),
 the starvation monitor (monitor) and the loader profiler (profiler)."""
 from kit.data.pipeline import (
-    plot_kinds, plot_sweep, plot_timelines, FORMATS, ImageStore, encode, make_store, read, decode, augment,
+    FORMATS, ImageStore, encode, make_store, read, decode, augment,
     load_sample, checked_sample, SampleError, ImageDataset, CheckedDataset, Loader, make_loader, make_model,
     make_step, sync_fn, measure, fit_model, handover, predicted, sweep, table, DEFAULT, setup, sweep_experiment)
+from kit.plots.data import plot_kinds, plot_sweep, plot_timelines   # notebook 01 draws them as data.plot_*
 from kit import _lazy_submodules
 
 __getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())

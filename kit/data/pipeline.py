@@ -26,7 +26,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from kit.data import monitor
-from kit.plots.data import plot_kinds, plot_sweep, plot_timelines  # noqa: F401  (notebook 01 calls data.plot_*)
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG"}
 

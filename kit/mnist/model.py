@@ -11,8 +11,6 @@ import numpy as np
 
 from kit.mnist.tfimport import keras
 
-from kit.mnist.timeline import allreduce_seconds_per_step, read_timeline, timeline_summary  # noqa: F401  (notebook 04)
-
 BATCH = 128             # the classic example's batch size (per worker)
 EPOCHS = 12             # the classic example trains 12 epochs; sharded, N workers keep the 12 (see shard)
 BASE_LR = 0.001         # Adam's rate in Horovod's TF2 Keras MNIST example (the article's older one: Adadelta, 1.0)
