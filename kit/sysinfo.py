@@ -6,7 +6,8 @@ import subprocess
 import sys
 from importlib import metadata
 
-from kit.env import FRAMEWORK_ENV, cpu_cores, pin_threads  # noqa: F401  (kit.env is their home; notebook 00 uses these)
+from kit.env import FRAMEWORK_ENV
+from kit.env import cpu_cores  # noqa: F401  (its home is kit.env; notebook 00 prints sysinfo.cpu_cores())
 
 
 def gpus() -> list[dict]:
