@@ -5,13 +5,28 @@ import pytest
 from kit.comm import costmodel as cm
 
 
-def test_parameter_server_pays_alpha_per_message_at_the_server():
-    # Each server takes N pushes in and sends N pulls out, K/k bytes each: 2 N (alpha + K / (k B)).
-    assert cm.t_comm_ps(4, 1e6, 1e-5, 1e9) == pytest.approx(2 * 4 * (1e-5 + 1e-3))
-    assert cm.t_comm_ps(4, 1e6, 1e-5, 1e9, k=2) == pytest.approx(2 * 4 * (1e-5 + 5e-4))
-    # The latency term grows with N (issue 13): one more worker, two more messages at the server.
-    assert cm.t_comm_ps(5, 0, 1e-5, 1e9) - cm.t_comm_ps(4, 0, 1e-5, 1e9) == pytest.approx(2e-5)
+def test_parameter_server_overlaps_latency_and_pays_the_overhead_per_message():
+    # Push then pull: each phase alpha once, o for each of the server's N-1 further messages, N K/k bytes each way.
+    assert cm.t_comm_ps(4, 1e6, 1e-5, 1e9) == pytest.approx(2 * 1e-5 + 2 * 4e-3)
+    assert cm.t_comm_ps(4, 1e6, 1e-5, 1e9, o=2e-6) == pytest.approx(2 * (1e-5 + 3 * 2e-6) + 2 * 4e-3)
+    assert cm.t_comm_ps(4, 1e6, 1e-5, 1e9, k=2) == pytest.approx(2 * 1e-5 + 2 * 2e-3)
+    # One more worker adds 2 o of latency (not 2 alpha) and 2 K/B of bytes at one server.
+    assert cm.t_comm_ps(5, 0, 1e-5, 1e9, o=3e-6) - cm.t_comm_ps(4, 0, 1e-5, 1e9, o=3e-6) == pytest.approx(6e-6)
     assert np.allclose(cm.t_comm_ps(np.array([1, 2]), 1e6, 0, 1e9), [2e-3, 4e-3])
+
+
+def test_pipelined_sharded_ps_needs_K_over_B_each_way():
+    # BytePS: k >= N servers (extra CPU hosts), pushes overlapped with pulls: a worker's link carries K each way.
+    assert cm.t_comm_ps(8, 1e6, 0, 1e9, k=8, pipelined=True) == pytest.approx(1e-3)
+    assert cm.t_comm_ps(8, 1e6, 0, 1e9, k=16, pipelined=True) == pytest.approx(1e-3)
+    assert cm.t_comm_ps(8, 1e6, 0, 1e9, k=1, pipelined=True) == pytest.approx(8e-3)
+    # ... less than the ring's 2(N-1)/N K once N > 2: what BytePS's extra servers buy.
+    assert cm.t_comm_ps(8, 1e6, 0, 1e9, k=8, pipelined=True) < cm.t_comm_ring(8, 1e6, 0, 1e9)
+
+
+def test_colocated_servers_move_the_rings_bytes_in_two_latencies():
+    assert cm.t_comm_colocated(4, 1e6, 1e-4, 1e9) == pytest.approx(2e-4 + 1.5e-3)
+    assert cm.t_comm_colocated(4, 1e6, 1e-4, 1e9) - cm.t_comm_ring(4, 1e6, 1e-4, 1e9) == pytest.approx(2e-4 - 6e-4)
 
 
 def test_one_host_model_uses_the_measured_empty_exchange_and_max_rate():
@@ -23,14 +38,44 @@ def test_one_host_model_uses_the_measured_empty_exchange_and_max_rate():
 def test_ring_formulas():
     assert cm.ring_bytes(5, 10e6) == pytest.approx(16e6)
     assert cm.t_comm_ring(2, 1e6, 1e-4, 1e9) == pytest.approx(2e-4 + 1e-3)
+    assert cm.t_comm_ring(4, 4e6, 1e-4, 1e9) == pytest.approx(6 * (1e-4 + 1e-3))
     assert cm.busbw(64e6, 0.1, 2) == pytest.approx(640e6)
 
 
-@pytest.mark.parametrize("N", [2, 4, 64, 1024])
-def test_ring_beats_the_parameter_server_at_every_size_once_latency_scales_with_N(N):
-    # PS - ring = 2 alpha + 2 K / B (N - (N-1)/N) > 0: with alpha per message at the server there is no crossover.
-    for K in (0, 4, 1e3, 1e6, 1e9):
-        assert cm.t_comm_ps(N, K, 5e-5, 1e9) > cm.t_comm_ring(N, K, 5e-5, 1e9)
+@pytest.mark.parametrize("o", [0.0, 5e-6])
+def test_the_ring_loses_small_messages_at_scale_and_wins_large_ones(o):
+    """The acceptance case: N = 64, alpha = 50 us, B = 125 MB/s (1 Gbit/s): the ring's 2(N-1) latencies in
+    sequence cost more than one server's 2 alpha + 2(N-1) o and 2 N K / B up to 4 KB; at 1 MB the bytes decide."""
+    N, alpha, B = 64, 50e-6, 125e6
+    for K in (4, 1 << 10, 4 << 10):
+        assert cm.t_comm_ring(N, K, alpha, B) > cm.t_comm_ps(N, K, alpha, B, o=o)
+    for K in (1 << 20, 100 << 20):
+        assert cm.t_comm_ring(N, K, alpha, B) < cm.t_comm_ps(N, K, alpha, B, o=o)
+    K_star = cm.crossover_bytes(N, alpha, B, o)
+    assert 4 << 10 < K_star < 1 << 20
+    assert cm.t_comm_ring(N, K_star, alpha, B) == pytest.approx(float(cm.t_comm_ps(N, K_star, alpha, B, o=o)))
+
+
+def test_a_fully_serial_server_never_lets_the_ring_lose():
+    # o = alpha: the server pays its N messages one after another, and the ring wins at every K.
+    assert cm.crossover_bytes(64, 50e-6, 125e6, o=50e-6) == 0
+    for K in (0, 4, 4e3, 1e6):
+        assert cm.t_comm_ring(64, K, 50e-6, 125e6) <= cm.t_comm_ps(64, K, 50e-6, 125e6, o=50e-6)
+
+
+def test_fit_latency_recovers_alpha_and_overhead():
+    ns = np.array([1, 2, 4, 8])
+    alpha, o = cm.fit_latency(ns, 2 * (80e-6 + (ns - 1) * 15e-6))
+    assert alpha == pytest.approx(80e-6) and o == pytest.approx(15e-6)
+    with pytest.raises(ValueError, match="two different N"):
+        cm.fit_latency([4, 4], [1e-3, 1e-3])
+
+
+def test_latency_share_and_bad_scheme():
+    assert cm.latency_share("ring", 4, 0, 1e-4, 1e9) == pytest.approx(1.0)
+    assert cm.latency_share("ps", 2, 1e6, 0, 1e9) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="scheme must be one of"):
+        cm.predict("tree", 4, 1e6, 1e-4, 1e9)
 
 
 def test_one_fit_for_pingpong_and_ring():
@@ -67,15 +112,27 @@ def test_pingpong_needs_two_engines():
 @pytest.mark.parametrize("N", [1, 2, 3, 8, 64, 1024])
 @pytest.mark.parametrize("k", [1, 2, 7, 64, 4096])
 @pytest.mark.parametrize("K", [0, 4e3, 1e6, 1e8])
-def test_the_model_obeys_the_wires(N, k, K):
-    """No prediction beats a link carrying B each way: a PS worker pushes and pulls its K (2K/B), a server's link
-    carries N pushes and N pulls of K/k (2NK/(kB)), a ring rank sends 2(N-1)/N·K; latency terms come on top."""
+@pytest.mark.parametrize("o", [0.0, 1e-5])
+def test_no_prediction_beats_the_wires(N, k, K, o):
+    """No prediction beats its busiest link carrying B each way (per direction, full duplex): a PS worker sends K
+    and receives K, a server N K/k each way, a ring or co-located rank 2(N-1)/N K; nor an allreduce without extra
+    servers beats 2(N-1)/N K/B; latency comes on top."""
     alpha, B = 5e-5, 1.25e8
-    ps = float(cm.t_comm_ps(N, K, alpha, B, k))
-    assert ps >= 2 * K / B and ps >= 2 * N * K / (k * B) and ps >= 2 * N * alpha
-    assert ps == pytest.approx(2 * N * alpha + max(2 * K / B, 2 * N * K / (k * B)))
-    ring = float(cm.t_comm_ring(N, K, alpha, B))
-    assert ring >= cm.ring_bytes(N, K) / B and ring >= 2 * (N - 1) * alpha
-    if k == N and N > 1:          # sharded over N servers (BytePS): the ring's bytes x N/(N-1), no better
-        assert ps - 2 * N * alpha == pytest.approx((cm.t_comm_ring(N, K, 0, B)) * N / (N - 1))
+    for scheme in cm.SCHEMES:
+        t = float(cm.predict(scheme, N, K, alpha, B, k, o))
+        assert t >= cm.lower_bound(scheme, N, K, B, k) - 1e-15, scheme
+        assert t >= (2 * alpha if scheme != "ring" or N > 1 else 0), scheme
+    assert cm.bytes_per_direction("ps", N, K, k) >= K and cm.bytes_per_direction("ps", N, K, k) >= N * K / k
+    for scheme in ("ring", "colocated"):      # the workers do the sums: 2(N-1)/N K is the least each way
+        assert float(cm.predict(scheme, N, K, alpha, B, k, o)) >= cm.ring_bytes(N, K) / B
 
+
+def test_the_lab_runs_latency_fit_reads_alpha_and_o_from_the_smallest_messages():
+    """kit.netlab.exchange.latency on a made-up run: a server paying 2(alpha + (N-1) o) plus its bytes."""
+    from kit.netlab import exchange
+    alpha, o, B, K = 100e-6, 20e-6, 125e6, 4096
+    rows = [{"impl": "ps", "N": n, "bytes": K, "seconds": float(cm.t_comm_ps(n, K, alpha, B, o=o))} for n in (2, 4, 8)]
+    rows += [{"impl": "ring", "N": n, "bytes": K, "seconds": float(cm.t_comm_ring(n, 0, alpha, B))} for n in (2, 4)]
+    lat = exchange.latency({"sizes": [K, 1 << 20], "link": {"alpha": alpha, "B": B}, "rows": rows})
+    assert lat["ps_alpha"] == pytest.approx(alpha) and lat["o"] == pytest.approx(o)
+    assert lat["ring_alpha"] == {2: pytest.approx(alpha), 4: pytest.approx(alpha)}

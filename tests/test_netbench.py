@@ -1,13 +1,14 @@
-"""kit.bench.network on a 2-host lab (plus the PS server's host) at a small size: the bytes each NIC counted are what
-the model says (2(N-1)/N·K for the ring and the BytePS arrangement, N·K in and out at the PS server, K at each
-PS worker) up to the TCP/IP headers, and the times are near the α–β model built from the lab's own ping-pong.
+"""kit.netlab.exchange (the experiment of `python -m kit.bench network`) on a 2-host lab (plus the PS server's
+host) at a small size: the bytes each NIC counted are what the model says (2(N-1)/N·K for the ring and the
+co-located servers, N·K in and out at the PS server, K at each PS worker) up to the TCP/IP headers, one link
+measurement serves every N, and the times are near the model built from the lab's own ping-pong.
 
 Needs root (kit.netlab makes network namespaces): skipped without it; CI runs as root.
 """
 
 import pytest
 
-from kit.bench import network as netbench
+from kit.netlab import exchange
 from kit.plots.network import bytes_error, ratios
 
 pytestmark = [pytest.mark.lab, pytest.mark.requires_root]
@@ -18,12 +19,12 @@ CONTROL = 64 << 10        # bytes of barriers and ipyparallel heartbeats a host 
 
 @pytest.fixture(scope="module")
 def x():
-    return netbench.experiment(ns=(2,), sizes=(K,), rate=RATE, reps=2, impls=("ring", "byteps", "horovod_mpi", "ps"))
+    return exchange.experiment(ns=(2,), sizes=(K,), rate=RATE, reps=2, impls=("ring", "byteps", "horovod_mpi", "ps"))
 
 
 def within_headers(counted: float, model: float) -> bool:
     """The payload is all there, and the rest fits in the TCP/IP headers and ACKs (TCP_OVERHEAD_BOUND)."""
-    return model <= counted <= model * (1 + netbench.TCP_OVERHEAD_BOUND) + CONTROL
+    return model <= counted <= model * (1 + exchange.TCP_OVERHEAD_BOUND) + CONTROL
 
 
 @pytest.mark.timeout(600)
@@ -53,12 +54,14 @@ def test_ps_server_moves_n_k_each_way_and_workers_k(x):
     assert within_headers(r["tx"][0], 2 * K) and within_headers(r["rx"][0], 2 * K), (r["tx"][0], r["rx"][0])
     for counted in r["tx"][1:] + r["rx"][1:]:
         assert within_headers(counted, K), counted
-    assert max(abs(v) for v in bytes_error(x).values() if v is not None) <= netbench.TCP_OVERHEAD_BOUND + 0.02
+    assert max(abs(v) for v in bytes_error(x).values() if v is not None) <= exchange.TCP_OVERHEAD_BOUND + 0.02
 
 
 @pytest.mark.timeout(600)
 def test_link_and_times_near_the_model(x):
-    link = x["links"][2]
+    link = x["link"]
+    assert all(v is link for v in x["links"].values())          # one measurement for every N of the comparison
+    assert link["alpha_range"][0] <= link["alpha"] <= link["alpha_range"][1]
     rate = link["rate_bytes_per_s"]
     assert 0.7 * rate <= link["B"] <= 1.1 * rate, link          # the ping-pong sees the link's rate
     assert all(0.8 * rate <= v <= 1.05 * rate for v in link["stream"].values()), link["stream"]

@@ -11,7 +11,7 @@ import pytest
 import kit
 from conftest import descendants
 from kit.comm import ps
-from kit.bench import ps as ps_bench
+from kit.comm import ps_measure
 from kit.comm.costmodel import measure_alpha_beta
 
 
@@ -111,7 +111,7 @@ def test_bytes_are_exactly_n_times_k_per_direction(cluster, workers, servers):
         assert set(s["in"]) == set(s["out"]) == {workers * (part.stop - part.start) * 4}
     assert sum(s["in"][0] for s in sb) == sum(s["out"][0] for s in sb) == workers * K
     assert all(set(w["in"]) == set(w["out"]) == {K} for w in run.worker_bytes())
-    assert ps_bench.summarise(run)["bytes_exact"]
+    assert ps_measure.summarise(run)["bytes_exact"]
 
 
 @pytest.mark.timeout(300)
@@ -144,11 +144,11 @@ def test_pingpong_measures_alpha_and_bandwidth(cluster):
 
 @pytest.mark.timeout(300)
 def test_exchange_prediction_is_built_from_measured_parts(cluster):
-    empty = ps_bench.exchange(cluster, 2, 1, floats=1, steps=6)
+    empty = ps_measure.exchange(cluster, 2, 1, floats=1, steps=6)
     assert empty["bytes_exact"] and empty["server_in"] == 2 * 4 and empty["measured_ms"] > 0
     run = ps.train(cluster, ps.Config(workers=3, servers=1, steps=6, exchange_only=1 << 12))
     t_empty = empty["measured_ms"] / 1e3
-    row = ps_bench.summarise(run, alpha=1e-5, B=1e9, t_empty=t_empty, B_max=2e9)
+    row = ps_measure.summarise(run, alpha=1e-5, B=1e9, t_empty=t_empty, B_max=2e9)
     K = 4 << 12
     assert row["K"] == K and row["server_in"] == 3 * K and row["bytes_exact"]
     assert row["predicted_ms"] == pytest.approx(1e3 * (t_empty + 2 * 3 * K / 2e9))

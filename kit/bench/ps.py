@@ -1,95 +1,14 @@
-"""Measuring the parameter server (notebook 02 and `python -m kit.bench ps`), each experiment written once.
-
-    runs = training_runs(cluster, cfg)                     # {(N, k): Run} for every N and k the cluster allows
-    rows, empty = exchange_table(cluster, ab)              # bare exchanges of 4 and 16 MB, with the model's prediction
-    summarise(run, alpha, B, t_empty, B_max)               # one table row: exact bytes, times, predictions
-
-Each takes the notebook's settings by default; `bench` passes the benchmark's.
+"""python -m kit.bench ps: notebook 02's parameter-server measurements (`kit.comm.ps_measure`) at the benchmark's
+settings: results/ps.json, ps*.png and the summary line.
 """
 from __future__ import annotations
-
-from dataclasses import replace
 
 import numpy as np
 
 from kit import env
-from kit.comm.costmodel import DEFAULT_SIZES, measure_alpha_beta, t_comm_one_host, t_comm_ps
-from kit.comm.ps import Config, Run, train
-
-
-def summarise(run: Run, alpha: float | None = None, B: float | None = None, t_empty: float | None = None,
-              B_max: float | None = None) -> dict:
-    """Return one table row: N, k, K, exact bytes per step at each server and worker, times, the predictions.
-
-    With alpha and B: `predicted_k_links_ms` is 2 N (alpha + K / (k B)) (`t_comm_ps`: each server on its own
-    link); `predicted_one_host_ms` is 2 N (alpha + K / B) (the k servers share this host). With t_empty (seconds, from
-    `empty_exchange`) and B_max: `predicted_ms` = t_empty + 2 N K / min(B_max, N B) (`t_comm_one_host`), the
-    model for one host; `error` = measured / predicted - 1."""
-    cfg, sb, wb = run.config, run.server_bytes(), run.worker_bytes()
-    one = lambda xs: xs[0] if len(set(xs)) == 1 else None  # noqa: E731  the same every step, or None
-    t = run.times()
-    row = {"N": cfg.workers, "k": cfg.servers, "mode": cfg.mode, "K": run.grad_bytes,
-           "server_in": one(sb[0]["in"]), "server_out": one(sb[0]["out"]),
-           "servers_in": [one(s["in"]) for s in sb], "servers_out": [one(s["out"]) for s in sb],
-           "worker_in": one(wb[0]["in"]), "worker_out": one(wb[0]["out"]),
-           "compute_ms": 1e3 * t["compute"], "comm_ms": 1e3 * t["comm"]}
-    shard = [int(p.size) * 4 for p in (s["params"] for s in run.servers)]
-    row["bytes_exact"] = all(one(s["in"]) == one(s["out"]) == cfg.workers * b for s, b in zip(sb, shard)) and \
-        sum(shard) == run.grad_bytes and all(one(w["in"]) == one(w["out"]) == run.grad_bytes for w in wb)
-    if cfg.mode == "sync":
-        row["server_ms"] = 1e3 * (t["recv"] + t["send"])     # the server's own view (misses what overlapped)
-        row["update_ms"] = 1e3 * t["update"]
-        # A worker's push + pull, less the server's arithmetic: the time messages took, as the worker sees it.
-        row["exchange_ms"] = row["comm_ms"] - row["update_ms"]
-    row["measured_ms"] = row.get("exchange_ms", row["comm_ms"])
-    if alpha is not None:
-        N, K = cfg.workers, run.grad_bytes
-        row["predicted_k_links_ms"] = 1e3 * float(t_comm_ps(N, K, alpha, B, cfg.servers))
-        row["predicted_one_host_ms"] = 1e3 * float(t_comm_ps(N, K, alpha, B, 1))
-        row["predicted_ms"] = row["predicted_one_host_ms"]
-        if t_empty is not None:
-            row["empty_ms"] = 1e3 * t_empty
-            row["predicted_ms"] = 1e3 * float(t_comm_one_host(N, K, B, t_empty, B_max))
-        row["error"] = row["measured_ms"] / row["predicted_ms"] - 1
-    return row
-
-
-
-def exchange(cluster, workers: int, servers: int, floats: int, steps: int = 30, runs: int = 1, **model) -> dict:
-    """Time a pure exchange (no model, no compute) of `floats` float32 values per worker, `runs` times; return the
-    summary row (`summarise(run, **model)`) of the median run (of two, the faster): the scheduler sometimes keeps
-    two busy processes on one core for a whole run. floats=1 is the empty exchange: the per-step latency of this
-    pattern here."""
-    cfg = Config(workers=workers, servers=servers, steps=steps, exchange_only=floats)
-    rows = sorted((summarise(train(cluster, cfg), **model) for _ in range(runs)), key=lambda r: r["measured_ms"])
-    return rows[(runs - 1) // 2]
-
-
-def empty_exchange(cluster, workers: int, servers: int, runs: int = 3, steps: int = 50) -> float:
-    """Return the seconds of one empty exchange (one float) of this pattern, the median of `runs` runs."""
-    return exchange(cluster, workers, servers, 1, steps, runs)["measured_ms"] / 1e3
-
-
-
-def training_runs(cluster, cfg: Config, servers=(1, 2), algorithm: dict | None = None) -> dict:
-    """Train `cfg` once for every k in `servers` and every N the cluster has room for (N + k engines), with
-    `algorithm` (see `kit.comm.ps.train`) if given; return {(N, k): Run}."""
-    return {(n, k): train(cluster, replace(cfg, workers=n, servers=k), algorithm=algorithm)
-            for k in servers for n in range(1, cluster.size - k + 1)}
-
-
-def exchange_table(cluster, ab: dict, floats=(1 << 20, 1 << 22), steps: int = 30, runs: int = 3,
-                   servers=(1, 2), empty_runs: int = 3) -> tuple[list[dict], dict]:
-    """Time bare exchanges of each size in `floats` (float32 values) for every N and k the cluster allows, with
-    the one-host model built from `ab` (`measure_alpha_beta`) and each pattern's empty exchange; return (rows,
-    {(N, k): t_empty seconds})."""
-    rows, empty = [], {}
-    for k in servers:
-        for n in range(1, cluster.size - k + 1):
-            empty[n, k] = empty_exchange(cluster, n, k, empty_runs)
-            rows += [exchange(cluster, n, k, f, steps, runs, alpha=ab["alpha"], B=ab["B"], t_empty=empty[n, k],
-                              B_max=ab["B_max"][k]) for f in floats]
-    return rows, empty
+from kit.comm.costmodel import DEFAULT_SIZES, measure_alpha_beta
+from kit.comm.ps import Config
+from kit.comm.ps_measure import exchange, exchange_table, latency_table, summarise, training_runs
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -112,8 +31,9 @@ def experiment(size: str = "full") -> dict:
         ab = measure_alpha_beta(c, s["sizes"], repeats=s["pingpong"][0], rounds=s["pingpong"][1])
         runs = training_runs(c, Config(steps=s["steps"], batch=120 if size != "tiny" else 12), s["servers"])
         rows, empty = exchange_table(c, ab, s["floats"], s["steps"], s["runs"], s["servers"], s["runs"])
+        lat = latency_table(c, runs=s["runs"])      # how one server pays N messages at once: alpha and o
     train_rows = [summarise(r, ab["alpha"], ab["B"], empty[nk], ab["B_max"][nk[1]]) for nk, r in runs.items()]
-    return {"ab": ab, "train_rows": train_rows, "rows": rows, "engines": s["engines"]}
+    return {"ab": ab, "train_rows": train_rows, "rows": rows, "engines": s["engines"], "latency": lat}
 
 
 def bench(out_dir, quick: bool = False, tiny: bool = False):
@@ -141,11 +61,12 @@ def bench(out_dir, quick: bool = False, tiny: bool = False):
     summary = (f"ps: alpha={ab['alpha'] * 1e6:.0f} us B={ab['B'] / 1e9:.2f} GB/s B_max={B_max} GB/s "
                f"({' / '.join(map(str, ab['B_max']))} servers); server bytes/step == N*K/k exactly: {exact} "
                f"(MLP K={K} B); prediction t_empty + 2NK/min(B_max, NB) within 25% for {within}/{len(errors)} "
-               f"exchanges (median |error| {np.median(errors):.0%}; the plain 2N(alpha + K/B): "
+               f"exchanges (median |error| {np.median(errors):.0%}; the plain 2 alpha + 2NK/B: "
                f"{sum(e <= 0.25 for e in plain)}/{len(plain)}; N={big['N']} k={big['k']} K={big['K'] / 1e6:.1f} MB: "
                f"{big['measured_ms']:.0f} ms measured vs {big['predicted_ms']:.0f} predicted); {engines} engines on "
-               f"{cores} cores (times oversubscribed)")
+               f"{cores} cores (times oversubscribed); empty step 2(alpha + (N-1) o): "
+               f"alpha {x['latency']['alpha'] * 1e6:.0f} us, o {(x['latency']['o'] or 0) * 1e6:.0f} us")
     result = {"alpha_s": ab["alpha"], "B_bytes_per_s": ab["B"], "pingpong": ab, "training": train_rows,
               "exchange": model_rows, "bytes_exact": exact, "within_25pct": [within, len(errors)],
-              "within_25pct_without_t_empty": [sum(e <= 0.25 for e in plain), len(plain)]}
+              "within_25pct_without_t_empty": [sum(e <= 0.25 for e in plain), len(plain)], "latency": x["latency"]}
     return result, summary

@@ -1,15 +1,27 @@
-"""The α–β cost model of notebooks 02 and 03, measured by ping-pong, in one vocabulary:
+"""The cost model of notebooks 02 and 03 (LogP-style α–β), measured by ping-pong, in one vocabulary:
 
-    N workers, K bytes of gradient per worker, k servers, alpha (α) seconds per message, B bytes per second.
+    N workers, K bytes of gradient per worker, k servers, alpha (α) s per message, o s of serial overhead per
+    extra concurrent message at one process, B bytes per second each way of a full-duplex link.
 
-    t_comm_ps(N, K, alpha, B, k)     parameter server: 2 N α + max(2 N K / k, 2 K) / B (busiest link)
-    t_comm_ring(N, K, alpha, B)      ring-allreduce:   2 (N-1) α + 2 (N-1)/N K / B
-    ab = measure_alpha_beta(cluster) # ping-pong between two engines (plus the host's rate with all busy)
-    fit_alpha_beta(sizes, seconds)   # the one fit: t = hops α + share K / B
-    sizes(4 << 10, 64 << 20), human(K)  # message sizes of a sweep, and how they are written
+    t_comm_ring(N, K, alpha, B)            ring:  2(N-1) latencies in sequence: 2(N-1)(α + K/(N B))
+    t_comm_ps(N, K, alpha, B, k, o)        PS:    2(α + (max(N,k)-1) o) + 2 max(N/k, 1) K/B  (push, then pull)
+    t_comm_ps(..., pipelined=True)         BytePS: pushes and pulls overlap on full-duplex links: max(N/k, 1) K/B
+    t_comm_colocated(N, K, alpha, B, o)    k = N servers on the workers: 2(α + (N-2) o) + 2(N-1)/N K/B
+    bytes_per_direction(scheme, N, K, k)   the busiest link's bytes each way per step; lower_bound(...) its time
+    crossover_bytes(N, alpha, B, o)        below this K the ring is slower than one server
+    ab = measure_alpha_beta(cluster)       # ping-pong between two engines (plus the host's rate with all busy)
+    fit_alpha_beta(sizes, seconds)         # the one fit: t = hops α + share K / B
+    fit_latency(ns, seconds)               # the PS's empty step against N: (α, o)
 
-The model is Hockney's (1994); the max-rate refinement for many streams through one host is Gropp, Olson &
-Samfass (EuroMPI 2016).
+Latency as the implementations pay it: a message's latency α (ping-pong's one-way time of a tiny message)
+overlaps with other messages in flight, as in Hockney's and LogP's models; what a process cannot overlap is its
+per-message overhead o (LogP's o: posting, copying, waking up for each one). A server that takes N pushes pays
+α once and o for each of the other N-1, twice a step; the ring's 2(N-1) steps each wait for the previous one,
+so its latencies add. Bytes are counted per direction of a full-duplex link: a ring rank sends 2(N-1)/N·K and
+receives as much at the same time; one server receives N·K during the push and sends N·K during the pull.
+
+Hockney (1994); Culler et al., LogP (1993); the max-rate refinement for many streams through one host is Gropp,
+Olson & Samfass (EuroMPI 2016); BytePS: Jiang et al. (OSDI 2020).
 """
 from __future__ import annotations
 
@@ -21,22 +33,94 @@ import numpy as np
 from kit import env
 from kit.comm.link import Link
 
+SCHEMES = ("ring", "ps", "ps_pipelined", "colocated")
+
 
 # ----------------------------------------------------------------------------- the formulas
-def t_comm_ps(N, K, alpha, B, k: int = 1):
-    """Predict one PS step's communication: each server takes N pushes in and sends N pulls out, every message
-    paying alpha; the bytes go at the pace of the busiest link. A server's link carries 2 N K / k (N pushes and N
-    pulls of K/k), a worker's own link 2 K (it pushes and pulls its whole K, whatever k): so
-    2 N alpha + max(2 N K / k, 2 K) / B. With k <= N that is 2 N (alpha + K / (k B)); more servers than workers
-    cannot beat the worker's link (k = N, sharded as BytePS does: 2 K / B, the ring's 2(N-1)/N K / B x N/(N-1))."""
-    N = np.asarray(N)
-    return 2 * N * alpha + np.maximum(2 * N * K / k, 2 * K) / B
+def t_comm_ps(N, K, alpha, B, k: int = 1, o: float = 0.0, pipelined: bool = False):
+    """Predict one PS step's communication with k servers on hosts of their own.
+
+    Latency: the push and then the pull each pay alpha once (the N messages are in flight together) plus o for
+    each further message the busiest process handles in turn: a server takes N, a worker sends k.
+    Bytes per direction: a server receives N K/k during the push and sends N K/k during the pull, a worker sends
+    K and receives K; the busiest link sets the pace: max(N/k, 1) K/B per phase. Unpipelined, the pull starts
+    when the push has ended: 2 max(N/k, 1) K/B. Pipelined (BytePS: shard i is pulled while shard i+1 is pushed),
+    the two directions of full-duplex links work at once: max(N/k, 1) K/B, K/B for k >= N."""
+    N = np.asarray(N, dtype=float)
+    phases = 1 if pipelined else 2
+    return 2 * (alpha + (np.maximum(N, k) - 1) * o) + phases * np.maximum(N / k, 1) * K / B
+
+
+def t_comm_colocated(N, K, alpha, B, o: float = 0.0):
+    """Predict the PS sharded over k = N servers placed on the workers (`kit.comm.byteps`): each rank sends and
+    receives (N-1)/N K at once in the push, again in the pull (the ring's bytes), in 2 latencies, each rank
+    handling N-1 messages per phase: 2 (alpha + (N-2) o) + 2 (N-1)/N K/B."""
+    N = np.asarray(N, dtype=float)
+    return 2 * (alpha + np.maximum(N - 2, 0) * o) + 2 * (N - 1) / N * K / B
+
+
+def t_comm_ring(N, K, alpha, B):
+    """Return the ring's time: 2(N-1) steps in sequence, each a message of K/N bytes: 2(N-1)(alpha + K/(N B))."""
+    N = np.asarray(N, dtype=float)
+    return 2 * (N - 1) * (alpha + K / (N * B))
+
+
+def bytes_per_direction(scheme: str, N: int, K: float, k: int = 1) -> float:
+    """Return the bytes the busiest link carries in ONE direction per step (a full-duplex link carries as much
+    the other way at the same time): ring 2(N-1)/N K per rank; PS (unpipelined or pipelined) max(N K/k, K): a
+    server's N K/k in (and out), a worker's K; co-located servers 2(N-1)/N K, as the ring."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if scheme in ("ring", "colocated"):
+        return ring_bytes(N, K)
+    return max(N * K / k, K)
+
+
+def lower_bound(scheme: str, N: int, K: float, B: float, k: int = 1) -> float:
+    """Return the least time any step of `scheme` can take: its busiest link's bytes in one direction over B."""
+    return bytes_per_direction(scheme, N, K, k) / B
+
+
+def predict(scheme: str, N, K, alpha, B, k: int = 1, o: float = 0.0):
+    """Return the model's time of `scheme` (one of SCHEMES), the one dispatch the notebooks and tests use."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if scheme == "ring":
+        return t_comm_ring(N, K, alpha, B)
+    if scheme == "colocated":
+        return t_comm_colocated(N, K, alpha, B, o)
+    return t_comm_ps(N, K, alpha, B, k, o, pipelined=scheme == "ps_pipelined")
+
+
+def crossover_bytes(N, alpha, B, o: float = 0.0) -> float:
+    """Return the K below which the ring is slower than one unpipelined server (0: the ring always wins).
+    Equal times: 2(N-1) alpha + 2(N-1)/N K/B = 2 alpha + 2(N-1) o + 2 N K/B, so
+    K* = B ((N-2) alpha - (N-1) o) / (N - (N-1)/N): the ring loses small messages when o < (N-2)/(N-1) alpha."""
+    N = np.asarray(N, dtype=float)
+    return np.maximum(B * ((N - 2) * alpha - (N - 1) * o) / (N - (N - 1) / N), 0.0)
+
+
+def latency_share(scheme: str, N, K, alpha, B, k: int = 1, o: float = 0.0):
+    """Return the fraction of the model's time that is latency (alpha and o), the rest being bytes."""
+    total = predict(scheme, N, K, alpha, B, k, o)
+    return 1 - predict(scheme, N, K, 0.0, B, k, 0.0) / total
+
+
+def fit_latency(ns, seconds) -> tuple[float, float]:
+    """Fit an empty PS step t(N) = 2 (alpha + (N-1) o) to measured (N workers, seconds); return (alpha, o).
+    o close to alpha: the server pays its messages one after another (fully serial); o << alpha: latencies
+    overlap and only the per-message overhead is serial."""
+    n, t = np.asarray(ns, float), np.asarray(seconds, float)
+    if len(set(n.tolist())) < 2:
+        raise ValueError(f"fit_latency needs at least two different N, got ns={list(ns)}")
+    slope, intercept = np.polyfit(n - 1, t, 1)
+    return float(intercept / 2), float(slope / 2)
 
 
 def t_comm_one_host(N, K, B, t_empty, B_max=None):
     """Predict one PS step's communication when servers and workers share one host: the measured time of an
-    empty exchange (latency and scheduling, `kit.bench.ps.empty_exchange`) plus 2 N K / B_eff, every byte going in
-    and out through the host whatever the number of servers. One stream moves B; N streams at once move at most
+    empty exchange (latency and scheduling, `kit.comm.ps_measure.empty_exchange`) plus 2 N K / B_eff, every byte
+    going in and out through the host whatever the number of servers. One stream moves B; N streams at once move at most
     N B and at most the host's B_max (the max-rate model): B_eff = min(B_max, N B)."""
     N = np.asarray(N)
     B_eff = B if B_max is None else np.minimum(B_max, B * N)
@@ -46,12 +130,6 @@ def t_comm_one_host(N, K, B, t_empty, B_max=None):
 def ring_bytes(N: int, K: float) -> float:
     """Return the bytes each worker sends in a ring-allreduce of K bytes over N workers: 2(N-1)/N·K."""
     return 2 * (N - 1) / N * K
-
-
-def t_comm_ring(N, K, alpha, B):
-    """Return the ring's α–β time: 2(N-1) messages of latency α, 2(N-1)/N·K bytes at bandwidth B."""
-    N = np.asarray(N, dtype=float)
-    return 2 * (N - 1) * alpha + 2 * (N - 1) / N * K / B
 
 
 def busbw(K: float, seconds: float, N: int) -> float:

@@ -102,12 +102,14 @@ def plot_ps_model(ab: dict, rows: list[dict], ax=None):
 
 def plot_ps_extrapolation(alpha: float, B: float, K: float, ns, ks=(1, 8, 64), compute_s: float | None = None,
                           ax=None):
-    """Plot predicted PS communication time per step, 2 N (alpha + K / (k B)), against N for k servers."""
-    from kit.comm.costmodel import t_comm_ps
+    """Plot predicted PS communication time per step, 2 alpha + 2 max(N/k, 1) K/B (`t_comm_ps`), against N for k
+    servers, with the ring's 2(N-1)(alpha + K/(N B)) for comparison."""
+    from kit.comm.costmodel import t_comm_ps, t_comm_ring
     ax = axes(ax, 1, (5.5, 3.8))[0]
     ns = np.asarray(ns)
     for k in ks:
         ax.loglog(ns, t_comm_ps(ns, K, alpha, B, k), "o-", label=f"PS, k={k} server(s)")
+    ax.loglog(ns, t_comm_ring(ns, K, alpha, B), "k.-", lw=1, label="ring")
     if compute_s:
         ax.axhline(compute_s, color="k", ls="--", lw=1, label=f"compute per step ({compute_s:g} s)")
     ax.set_xlabel("workers N"), ax.set_ylabel("seconds per step (communication)")
@@ -195,13 +197,14 @@ def plot_busbw(records: list[dict], ax=None):
     return ax
 
 
-def plot_ring_model(alpha: float, B: float, K: int, measured: dict | None = None, ns=None, ax=None):
-    """Plot the α–β time of ring vs parameter server for N = 2 ... 1024, with measured points {impl: {N: s}}."""
+def plot_ring_model(alpha: float, B: float, K: int, measured: dict | None = None, ns=None, ax=None, o: float = 0.0):
+    """Plot the model's time of ring vs one parameter server for N = 2 ... 1024, with measured points
+    {impl: {N: s}}; o: the server's per-message overhead."""
     from kit.comm.costmodel import human, t_comm_ps, t_comm_ring
     ns = np.unique(np.geomspace(2, 1024, 60).astype(int)) if ns is None else np.asarray(ns)
     ax = axes(ax, 1, (7, 4.5))[0]
-    ax.plot(ns, t_comm_ring(ns, K, alpha, B), label="ring model: 2(N-1)α + 2(N-1)/N·K/B")
-    ax.plot(ns, t_comm_ps(ns, K, alpha, B), label="parameter server model (one server): 2N(α + K/B)")
+    ax.plot(ns, t_comm_ring(ns, K, alpha, B), label="ring model: 2(N-1)(α + K/(N·B))")
+    ax.plot(ns, t_comm_ps(ns, K, alpha, B, o=o), label="one server: 2(α + (N-1)o) + 2N·K/B")
     for (impl, points), color, marker in zip((measured or {}).items(), ("C0", "C1"), ("o", "s")):
         ax.plot(list(points), list(points.values()), marker, color=color, mfc="none", mew=2, ms=9,
                 label=f"measured: {impl}")

@@ -24,24 +24,33 @@ def rows(x: dict, impl: str, K: int | None = None, N: int | None = None) -> list
 
 
 def alpha_beta(x: dict) -> tuple[float, float]:
-    """Return the median alpha and B of the ping-pongs (one per lab)."""
+    """Return the run's alpha and B: its one link measurement, or (older runs, one lab per N) their medians."""
+    if "link" in x:
+        return x["link"]["alpha"], x["link"]["B"]
     links = list(x["links"].values())
     return float(np.median([v["alpha"] for v in links])), float(np.median([v["B"] for v in links]))
 
 
 def link_rate(x: dict) -> float:
     """Return the rate every link was set to, in bytes/s."""
-    return next(iter(x["links"].values()))["rate_bytes_per_s"]
+    return (x.get("link") or next(iter(x["links"].values())))["rate_bytes_per_s"]
+
+
+def overhead(x: dict) -> float:
+    """Return the PS's per-message overhead o fitted by the run (0 for runs without a latency fit)."""
+    return max((x.get("latency") or {}).get("o") or 0.0, 0.0)
 
 
 def plot_times(x: dict, K: int, ax, log: bool = False):
     """Time per allreduce at K bytes vs N: measured points, the α–β model's lines (ring and one-server PS); `log`:
     both axes logarithmic (a flat ring and a PS growing ~N read as slopes 0 and 1)."""
     alpha, B = alpha_beta(x)
+    o = overhead(x)
     ns = np.arange(2, max(x["ns"]) + 1)
     ax.plot(ns, 1e3 * t_comm_ring(ns, K, alpha, B), "-", color="tab:blue", lw=1,
-            label="model: ring 2(N-1)α + 2(N-1)/N·K/B")
-    ax.plot(ns, 1e3 * t_comm_ps(ns, K, alpha, B), "-", color="tab:red", lw=1, label="model: one server 2N(α + K/B)")
+            label="model: ring 2(N-1)(α + K/(N·B))")
+    ax.plot(ns, 1e3 * t_comm_ps(ns, K, alpha, B, o=o), "-", color="tab:red", lw=1,
+            label=f"model: one server 2(α + (N-1)o) + 2N·K/B, o={o * 1e6:.0f} µs")
     for impl, (color, marker) in STYLE.items():
         pts = rows(x, impl, K)
         if pts:
@@ -119,7 +128,9 @@ def ratios(x: dict, K: int) -> dict:
     out = {"K": K, "measured_over_model": {i: {r["N"]: r["seconds"] / r["model_s"] for r in rows(x, i, K)}
                                            for i in ("ring", "ps")}}
     t = {i: {r["N"]: r["seconds"] for r in rows(x, i, K)} for i in ("ring", "ps")}
-    model = {"ring": float(t_comm_ring(hi, K, alpha, B) / t_comm_ring(lo, K, alpha, B)), "ps": hi / lo}
+    o = overhead(x)
+    model = {"ring": float(t_comm_ring(hi, K, alpha, B) / t_comm_ring(lo, K, alpha, B)),
+             "ps": float(t_comm_ps(hi, K, alpha, B, o=o) / t_comm_ps(lo, K, alpha, B, o=o))}
     out["scaling"] = {i: {"measured": t[i][hi] / t[i][lo], "model": model[i], "ideal": ideal}
                       for i, ideal in (("ring", 2 * (hi - 1) / hi / (2 * (lo - 1) / lo)), ("ps", hi / lo))
                       if hi in t[i] and lo in t[i] and hi != lo}
