@@ -104,7 +104,7 @@ def lab_process(pid: str) -> bool:
 def lab_leftovers() -> dict[str, list]:
     """Return every kit lab resource on this machine but those of labs another live process (not this one or its
     children) owns: namespaces, links, /etc/netns and temp dirs, owner records, and the labs' processes."""
-    from kit.netlab import lab
+    from kit.netlab import registry as lab
     procs = [p for p in os.listdir("/proc") if p.isdigit() and lab_process(p)]
     res = lab._kit_resources() if is_root() else {}
     mine = {os.getpid()} | descendants()     # a lab's owner record is written first and removed last

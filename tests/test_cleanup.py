@@ -25,6 +25,7 @@ def test_scratch_folders_live_under_one_kit_folder_in_the_system_temp_dir():
     assert not os.path.exists(path)
 
 
+@pytest.mark.engines
 def test_end_stops_what_runs_and_counts_a_zombie_as_ended():
     """A zombie has exited; only its parent can reap it (an orphaned engine nanny's is the machine's init, which
     may take seconds). scratch.end must not wait for that: a cluster's stop waited ~2 s per stop before."""
@@ -45,6 +46,7 @@ def test_end_stops_what_runs_and_counts_a_zombie_as_ended():
         dead.wait()
 
 
+@pytest.mark.engines
 def test_a_folder_whose_owner_was_sigkilled_is_swept_by_the_next_make():
     code = "import os, signal, kit.scratch as s; p = s.make('cluster'); print(p, flush=True); " \
            "open(os.path.join(p, 'left.txt'), 'w').close(); os.kill(os.getpid(), signal.SIGKILL)"
@@ -60,6 +62,7 @@ def test_a_folder_whose_owner_was_sigkilled_is_swept_by_the_next_make():
         scratch.remove(mine)
 
 
+@pytest.mark.engines
 def test_sweeping_the_last_dead_owners_folder_removes_the_empty_root(tmp_path, monkeypatch):
     """A sweep that empties the root removes it too, as remove() does: no empty kit-scratch folder is left."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))              # a root of our own, nobody else's folders
@@ -74,20 +77,21 @@ def test_sweeping_the_last_dead_owners_folder_removes_the_empty_root(tmp_path, m
 
 def test_make_retries_when_another_process_removed_the_empty_root_under_it(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    real, calls = tempfile.mkdtemp, []
+    real, calls = scratch._new_folder, []
 
-    def mkdtemp(**kw):
-        calls.append(kw["dir"])
+    def new_folder(fd, prefix):
+        calls.append(prefix)
         if len(calls) == 1:
-            os.rmdir(kw["dir"])                     # another process's remove(), between makedirs and mkdtemp
-        return real(**kw)
-    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+            os.rmdir(scratch.root())                # another process's remove(), after make opened the root
+        return real(fd, prefix)
+    monkeypatch.setattr(scratch, "_new_folder", new_folder)
     path = scratch.make("probe")
     assert len(calls) == 2 and os.path.isdir(path) and os.path.dirname(path) == scratch.root()
     scratch.remove(path)
     assert not os.path.exists(scratch.root())
 
 
+@pytest.mark.engines
 @pytest.mark.timeout(300)
 def test_a_sigkilled_kernels_controller_and_engines_are_ended_by_the_next_start(no_leaks):
     """A kernel SIGKILLed with a cluster up (nbval's kill, a crash) leaves its controller and engines running under
@@ -125,6 +129,7 @@ def _autograph_files():
     return tmp, os.environ.get("TMPDIR"), glob.glob(os.path.join(tmp, "__autograph_generated_file*"))
 
 
+@pytest.mark.engines
 @pytest.mark.timeout(600)   # starts an engine that imports TensorFlow: minutes on a busy 2-core machine
 def test_engines_temp_files_land_in_the_clusters_folder_and_go_with_it(no_leaks):
     with kc.start(1, "gloo", quiet=True) as c:

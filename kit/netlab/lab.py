@@ -10,143 +10,47 @@ one bridge (the switch); this machine's side of the bridge has the address `lab.
 (`tc ... tbf`) on the egress of BOTH ends of every veth limits each direction to `rate`. Addresses come from the
 benchmark range 198.18.0.0/15 only. Every resource is named `kitlab<L>-...` (L: the lab's number), so that
 `stop()`, `with`, atexit, and the next `start()` after a crash (a sweep of labs whose owner process is gone)
-leave nothing behind. The SSH side (keys, sshd, client config) is in kit/netlab/ssh.py.
+leave nothing behind (kit/netlab/registry.py). The SSH side (keys, sshd, client config) is in kit/netlab/ssh.py.
+
+A stopped lab refuses: every method of it raises a LabError saying when it was stopped, so that a kept handle
+never acts on a newer lab that got the same number; and every method checks that the lab's owner record still
+holds the token this lab wrote at its start (another process's lab of the same number would not).
 """
 from __future__ import annotations
 
 import atexit
-import contextlib
-import fcntl
-import glob
-import json
+import functools
 import os
-import re
-import shutil
-import signal
+import secrets
 import subprocess
-import tempfile
 import time
 
+from kit import scratch
 from kit.netlab import rate as netlab_rate
+from kit.netlab import registry
 from kit.netlab import ssh as netlab_ssh
+from kit.netlab.registry import PREFIX, MAX_LABS, _kit_resources, names, ns_pids, _kill_all
 from kit.netlab.requirements import check_requirements
-from kit.netlab.system import LabError, parse_rate, run
-
-PREFIX = "kitlab"
-NAME_RE = re.compile(rf"^{PREFIX}(\d+)-")
-MAX_LABS = 64
-LOCK = f"/run/{PREFIX}.lock"
-# Who owns each lab, in one place every process on the machine sees whatever its TMPDIR (a notebook kernel, a
-# shell and `make test` each have their own): /run/kitlab/kitlab<N>-owner.json = {pid, start, dir}.
-OWNERS = f"/run/{PREFIX}"
+from kit.netlab.system import LabError, check_host_count, check_seconds, parse_rate, run
 
 
-# ------------------------------------------------------------------------------------ names and sweeping
-def names(lab_id: int, hosts: int) -> dict:
-    """Return the kernel names and addresses of lab `lab_id` (198.18.<lab_id>.0/24; this machine is .1)."""
-    base = f"198.18.{lab_id}"
-    return {"bridge": f"{PREFIX}{lab_id}-br", "addr": f"{base}.1",
-            "ns": [f"{PREFIX}{lab_id}-h{i}" for i in range(1, hosts + 1)],
-            "veth": [f"{PREFIX}{lab_id}-v{i}" for i in range(1, hosts + 1)],
-            "host_addr": [f"{base}.{10 + i}" for i in range(1, hosts + 1)]}
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
 
 
-def _kit_resources() -> dict[int, dict[str, list[str]]]:
-    """Return every kitlab resource on this machine, by lab number: namespaces, links, /etc/netns dirs, temp dirs."""
-    found: dict[int, dict[str, list[str]]] = {}
-
-    def add(kind, name, key=None):
-        m = NAME_RE.match(key or name)
-        if m:
-            found.setdefault(int(m.group(1)), {}).setdefault(kind, []).append(name)
-    for line in run("ip", "netns", "list").stdout.splitlines():
-        add("ns", line.split()[0])
-    for line in run("ip", "-o", "link", "show").stdout.splitlines():
-        add("link", line.split(":")[1].strip().split("@")[0])
-    for d in glob.glob(f"/etc/netns/{PREFIX}*"):
-        add("etc", d, os.path.basename(d))
-    for d in glob.glob(os.path.join(tempfile.gettempdir(), f"{PREFIX}*-*")):
-        add("tmp", d, os.path.basename(d))
-    for record in glob.glob(os.path.join(OWNERS, f"{PREFIX}*-owner.json")):
-        add("owner", record, os.path.basename(record))
-        try:                                    # the lab's dir, in its owner's temp dir (not necessarily ours)
-            d = json.load(open(record))["dir"]
-        except (OSError, ValueError, KeyError):
-            continue
-        if os.path.isdir(d):
-            add("tmp", d, os.path.basename(d))
-    for res in found.values():
-        if "tmp" in res:
-            res["tmp"] = sorted(set(res["tmp"]))
-    return found
+def _live(method):
+    """Make `method` refuse on a stopped lab, or on one whose owner record is no longer its own."""
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        self._check()
+        return method(self, *args, **kwargs)
+    return checked
 
 
-def live_owner(res: dict[str, list[str]]) -> int | None:
-    """Return the pid of the process that made this lab if it still runs (same pid AND same start time), from its
-    record in OWNERS or, for a lab made before records existed, the owner.json in its dir; else None."""
-    for path in res.get("owner", []) + [os.path.join(d, "owner.json") for d in res.get("tmp", [])]:
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            owner = json.load(open(path))
-            if _start_time(owner["pid"]) == owner["start"]:
-                return owner["pid"]
-    return None
-
-
-def _start_time(pid: int) -> str | None:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
-    except OSError:
-        return None
-
-
-def _kill_all(pids: set[int], sig=signal.SIGKILL):
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
-def ns_pids(ns: str) -> set[int]:
-    """Return the pids of the processes living in network namespace `ns`."""
-    return {int(p) for p in run("ip", "netns", "pids", ns, check=False).stdout.split()}
-
-
-def _remove(res: dict[str, list[str]]):
-    """Remove one lab's resources: kill what runs in its namespaces, delete namespaces, links, dirs."""
-    for ns in res.get("ns", []):
-        _kill_all(ns_pids(ns))
-    for tmp in res.get("tmp", []):          # sshd of a lab whose namespace is already gone
-        _kill_all({int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, tmp)})
-    for ns in res.get("ns", []):
-        run("ip", "netns", "del", ns, check=False)
-    for link in res.get("link", []):
-        run("ip", "link", "del", link, check=False)
-    for d in res.get("etc", []) + res.get("tmp", []):
-        shutil.rmtree(d, ignore_errors=True)
-    for record in res.get("owner", []):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(record)
-
-
-def _cmdline_has(pid: str, text: str) -> bool:
-    try:
-        return text.encode() in open(f"/proc/{pid}/cmdline", "rb").read()
-    except OSError:
-        return False
-
-
-def sweep() -> list[int]:
-    """Remove every lab whose owner process is gone (a crashed kernel); return their numbers."""
-    stale = [i for i, res in _kit_resources().items() if live_owner(res) is None]
-    for i in stale:
-        _remove(_kit_resources().get(i, {}))
-    return stale
-
-
-# ------------------------------------------------------------------------------------------------- the lab
 class Lab:
     """N emulated hosts h1..hN on one bridge; made by `start()`, removed by `stop()` (or `with`, or atexit)."""
 
-    def __init__(self, lab_id: int, hosts: int, rate: str, dir_: str):
+    def __init__(self, lab_id: int, hosts: int, rate: str, dir_: str, token: str = "", started_at: float = 0.0):
         self.id, self.dir, self.rate = lab_id, dir_, rate
         self._n = names(lab_id, hosts)
         self.hosts = [f"h{i}" for i in range(1, hosts + 1)]
@@ -154,13 +58,33 @@ class Lab:
         self.bridge = self._n["bridge"]
         self.ssh_config = os.path.join(dir_, "ssh_config")
         self._sshd: dict[str, subprocess.Popen] = {}
-        self._keep: set[int] = set()       # pids kill_jobs() spares besides sshd (kit.netlab.slurm's daemons)
-        self._on_stop: list = []           # called first by stop() (kit.netlab.slurm's stop)
-        self._stopped = False
+        self._keep: dict[int, int | None] = {}      # {pid: start} kill_jobs() spares besides sshd (lab.keep)
+        self._on_stop: list = []                     # called first by stop() (lab.on_stop)
+        self._token, self._started_at = token, started_at or time.time()
+        self._stopping = False
+        self._stopped_at: float | None = None
 
     def __repr__(self):
-        return f"<Lab {self.id}: {', '.join(self.hosts)} on {self.bridge} {self.addr}/24, {self.rate}>"
+        state = f", stopped at {_clock(self._stopped_at)}" if self._stopped_at else ""
+        return f"<Lab {self.id}: {', '.join(self.hosts)} on {self.bridge} {self.addr}/24, {self.rate}{state}>"
 
+    def _name(self) -> str:
+        return f"this lab ({PREFIX}{self.id}, started at {_clock(self._started_at)})"
+
+    def _check(self):
+        """Raise LabError if this lab was stopped, or its number now belongs to another lab (its record's token)."""
+        if self._stopped_at is not None:
+            raise LabError(f"{self._name()} was stopped at {_clock(self._stopped_at)}; start a new one with "
+                           f"kit.netlab.start()")
+        if self._stopping:
+            return                                  # stop()'s own steps act on what is still this lab's
+        record = registry.read_record(registry.record_path(self.id)) or {}
+        if record.get("token") != self._token:
+            raise LabError(f"{self._name()} is no longer registered in {registry.record_path(self.id)} (another "
+                           f"process removed it, or a newer lab has its number): it acts on nothing; start a new "
+                           f"one with kit.netlab.start()")
+
+    @_live
     def __enter__(self):
         return self
 
@@ -168,22 +92,26 @@ class Lab:
         self.stop()
 
     def _index(self, host: str) -> int:
-        if host not in self.hosts:
+        if not isinstance(host, str) or host not in self.hosts:
             raise LabError(f"no host {host!r} in this lab: its hosts are {self.hosts}")
         return self.hosts.index(host)
 
+    @_live
     def ns(self, host: str) -> str:
         """Return the network namespace of `host` (for `ip netns exec NS ...`)."""
         return self._n["ns"][self._index(host)]
 
+    @_live
     def addr_of(self, host: str) -> str:
         """Return the address of `host` on the lab's bridge."""
         return self._n["host_addr"][self._index(host)]
 
+    @_live
     def veth(self, host: str) -> str:
         """Return the name of `host`'s link on this machine's side of the bridge."""
         return self._n["veth"][self._index(host)]
 
+    @_live
     def exec_cmd(self, host: str, *cmd: str) -> list[str]:
         """Return the command line that runs `cmd` on `host` with its hostname (no SSH: for the kit's own tools)."""
         return ["ip", "netns", "exec", self.ns(host), "unshare", "--uts", "sh", "-c",
@@ -213,48 +141,86 @@ class Lab:
         netlab_ssh.wait_ready(self)
 
     def stop(self):
-        """Remove everything this lab made: processes on its hosts, sshd, namespaces, links, keys, dirs."""
-        if self._stopped:
+        """Remove everything this lab made: processes on its hosts, sshd, namespaces, links, keys, dirs. Once
+        stopped, every other method of the lab raises (a second stop() does nothing)."""
+        if self._stopping or self._stopped_at is not None:
             return
-        self._stopped = True
-        for hook in list(self._on_stop):
-            with contextlib.suppress(Exception):   # what it left runs in the lab's namespaces: removed below
-                hook()
-        self.kill_jobs()                           # sessions and what they started first, so sshd reaps them
-        for p in self._sshd.values():
-            p.terminate()
-        for p in self._sshd.values():
+        self._stopping = True
+        try:
+            for hook in list(self._on_stop):
+                try:
+                    hook()
+                except Exception:             # what it left runs in the lab's namespaces: removed below
+                    pass
+            self._kill_jobs()                 # sessions and what they started first, so sshd reaps them
+            for p in self._sshd.values():
+                p.terminate()
+            for p in self._sshd.values():
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=10)
+            res = _kit_resources().get(self.id, {})
+            if (registry.read_record(registry.record_path(self.id)) or {}).get("token") != self._token:
+                res.pop("owner", None)        # not this lab's record any more: another lab's, left alone
+            registry._remove(res)
+        finally:
+            self._stopped_at = time.time()
+            _LABS.discard(self)
+        with registry.lock():                  # the owners' folder goes with the last lab, not while one starts
             try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-        _remove(_kit_resources().get(self.id, {}))
-        _LABS.discard(self)
-        with open(LOCK, "w") as lock:             # the owners' folder goes with the last lab, not while one starts
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            with contextlib.suppress(OSError):
-                os.rmdir(OWNERS)
+                os.rmdir(registry.OWNERS)
+            except OSError:
+                pass
 
+    def _job_pids(self) -> dict[str, set[int]]:
+        keep = {p.pid for p in self._sshd.values()} | {p for p, t in self._keep.items() if scratch.started(p) == t}
+        return {h: ns_pids(self._n["ns"][i]) - keep for i, h in enumerate(self.hosts)}
+
+    @_live
     def job_pids(self) -> dict[str, set[int]]:
-        """Return {host: pids} of what runs on each host but its SSH server and Slurm's daemons: jobs."""
-        keep = {p.pid for p in self._sshd.values()} | self._keep
-        return {h: ns_pids(self.ns(h)) - keep for h in self.hosts}
+        """Return {host: pids} of what runs on each host but its SSH server and the kept daemons: jobs."""
+        return self._job_pids()
 
+    @_live
     def jobs_left(self, seconds: float = 20) -> dict[str, set[int]]:
         """Wait up to `seconds` for the jobs on the lab's hosts to end (a killed process may take a moment to go);
         return {host: pids} of the hosts where some still run, {} when none does."""
+        check_seconds("seconds", seconds, zero=True)
         deadline = time.monotonic() + seconds
-        while (left := {h: p for h, p in self.job_pids().items() if p}) and time.monotonic() < deadline:
+        while (left := {h: p for h, p in self._job_pids().items() if p}) and time.monotonic() < deadline:
             time.sleep(0.5)
         return left
 
-    def kill_jobs(self):
-        """Kill everything running on the lab's hosts but their SSH servers and Slurm's daemons (a job gone wrong)."""
-        for pids in self.job_pids().values():
+    def _kill_jobs(self):
+        for pids in self._job_pids().values():
             _kill_all(pids)
 
+    @_live
+    def kill_jobs(self):
+        """Kill everything running on the lab's hosts but their SSH servers and kept daemons (a job gone wrong)."""
+        self._kill_jobs()
+
+    @_live
+    def keep(self, pids):
+        """Spare processes `pids` (e.g. Slurm's daemons) in kill_jobs() and job_pids(), as sshd is spared: each
+        pid with its start time, so a pid reused after the process ended is not spared."""
+        pids = [pids] if isinstance(pids, int) else list(pids)
+        if not all(isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in pids):
+            raise LabError(f"pids={pids!r}: give process ids (positive ints)")
+        self._keep.update({p: scratch.started(p) for p in pids})
+
+    @_live
+    def on_stop(self, fn):
+        """Call `fn()` first when the lab stops (stop(), `with`, atexit), while the lab is still whole; return fn."""
+        if not callable(fn):
+            raise LabError(f"fn={fn!r}: give a function to call when the lab stops")
+        self._on_stop.append(fn)
+        return fn
+
     # ------------------------------------------------------------------------------------------- operations
+    @_live
     def set_rate(self, rate: str):
         """Limit every link to `rate` in each direction (tbf on the egress of both ends of every veth)."""
         bits = parse_rate(rate)
@@ -265,43 +231,60 @@ class Lab:
             run("tc", "-n", self.ns(host), "qdisc", "replace", "dev", "eth0", *args)
         self.rate = rate
 
+    @_live
     def cut(self, host: str):
         """Pull `host`'s cable: its link goes down (packets to and from it are lost until `restore`)."""
         run("ip", "link", "set", self.veth(host), "down")
 
+    @_live
     def restore(self, host: str):
         """Plug `host`'s cable back in."""
         run("ip", "link", "set", self.veth(host), "up")
 
+    @_live
     def ssh(self, host: str, cmd: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
         """Run shell command `cmd` on `host` over SSH with the lab's key and config; return the finished process."""
         self._index(host)
+        if not isinstance(cmd, str):
+            raise LabError(f"cmd={cmd!r}: give one shell command line as a string")
+        check_seconds("timeout", timeout)
         p = subprocess.run(netlab_ssh.ssh_cmd(self, host, cmd), capture_output=True, text=True, timeout=timeout)
         if check and p.returncode:
             raise LabError(f"ssh {host} {cmd!r} failed ({p.returncode}): {p.stderr.strip()[-500:]}")
         return p
 
+    @_live
     def launch(self, host: str, argv: list[str], cwd: str | None = None, env: dict | None = None,
                **popen_kw) -> subprocess.Popen:
         """Start `argv` on `host` over SSH in `cwd` (default: here) with `launch_env(**env)` (e.g. horovodrun)."""
         self._index(host)
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise LabError(f"argv={argv!r}: give the command as a non-empty list of strings")
         line = netlab_ssh.remote_command(self, argv, cwd or os.getcwd(), self.launch_env(**(env or {})))
         return subprocess.Popen(netlab_ssh.ssh_cmd(self, host, line), stdin=subprocess.DEVNULL, **popen_kw)
 
+    @_live
     def launch_env(self, **extra) -> dict[str, str]:
         """Return what launchers on lab hosts need: the lab's ssh first on PATH, a lab HOME, Open MPI as root."""
         return netlab_ssh.launch_env(self, **extra)
 
+    @_live
     def horovodrun_args(self, slots: int = 1, hosts: list[str] | None = None) -> list[str]:
         """Return `-np N -H h1:S,h2:S --network-interface eth0` for horovodrun started on a lab host."""
         return netlab_ssh.horovodrun_args(self, slots, hosts)
 
+    @_live
     def mpi_args(self, slots: int = 1, hosts: list[str] | None = None) -> list[str]:
         """Return mpiexec's `-np -H`, the lab's ssh as Open MPI's agent and the variables to carry to each host."""
         return netlab_ssh.mpi_args(self, slots, hosts)
 
+    @_live
     def measure_rate(self, a: str, b: str, seconds: float = 3.0) -> dict[str, float]:
         """Stream bytes over a TCP socket a->b, then b->a; return what each receiver got, in bytes/s."""
+        self._index(a), self._index(b)
+        if a == b:
+            raise LabError(f"a={a!r}, b={b!r}: give two different hosts of {self.hosts}")
+        check_seconds("seconds", seconds, high=600)
         return {f"{a}->{b}": netlab_rate.stream(self, a, b, seconds),
                 f"{b}->{a}": netlab_rate.stream(self, b, a, seconds)}
 
@@ -317,25 +300,24 @@ def _stop_all():
 
 def start(hosts: int = 4, rate: str = "1gbit") -> Lab:
     """Start a lab of `hosts` emulated hosts h1..hN, every link limited to `rate` each way; return the Lab."""
-    if not isinstance(hosts, int) or not 1 <= hosts <= 200:
-        raise LabError(f"hosts={hosts!r}: give a number of hosts from 1 to 200")
+    check_host_count(hosts)
     parse_rate(rate)
     check_requirements()
-    with open(LOCK, "w") as lock:                # two labs starting at once must not pick the same number
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        sweep()
+    with registry.lock():                    # two labs starting at once must not pick the same number
+        registry.owners_dir(create=True)     # checked before anything is made
+        registry.sweep()
         used = set(_kit_resources())
         free = [i for i in range(MAX_LABS) if i not in used]
         if not free:
             raise LabError(f"{MAX_LABS} labs are running already: stop one (lab.stop())")
-        dir_ = tempfile.mkdtemp(prefix=f"{PREFIX}{free[0]}-")
-        owner = {"pid": os.getpid(), "start": _start_time(os.getpid()), "dir": dir_}
-        with open(os.path.join(dir_, "owner.json"), "w") as f:
-            json.dump(owner, f)
-        os.makedirs(OWNERS, mode=0o755, exist_ok=True)
-        with open(os.path.join(OWNERS, f"{PREFIX}{free[0]}-owner.json"), "w") as f:
-            json.dump(owner, f)
-        lab = Lab(free[0], hosts, rate, dir_)
+        try:
+            dir_ = scratch.make(f"{PREFIX}{free[0]}")
+        except scratch.ScratchError as e:
+            raise LabError(f"the lab's folder: {e}") from None
+        token, at = secrets.token_hex(16), time.time()
+        registry.write_record(free[0], {"pid": os.getpid(), "start": scratch.started(os.getpid()), "dir": dir_,
+                                        "token": token, "at": at})
+        lab = Lab(free[0], hosts, rate, dir_, token, at)
         _LABS.add(lab)
     try:
         netlab_ssh.make_keys(lab)

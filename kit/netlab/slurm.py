@@ -27,7 +27,7 @@ import signal
 import subprocess
 import time
 
-from kit.netlab.lab import ns_pids
+from kit.netlab.registry import ns_pids
 from kit.netlab.system import LabError
 
 PACKAGES = "slurmctld slurmd slurm-client munge"
@@ -108,7 +108,6 @@ class Slurm:
         self.conf = os.path.join(self.dir, "slurm.conf")
         self.env = {"SLURM_CONF": self.conf}
         self.daemons: dict[str, subprocess.Popen] = {}     # "munged", "slurmctld", "slurmd-h1", ...
-        self._kept: set[int] = set()                        # pids that lab.kill_jobs() spares, as it spares sshd
         self._stopped = False
 
     def __repr__(self):
@@ -133,11 +132,7 @@ class Slurm:
         with open(os.path.join(self.dir, f"{name}.out"), "w") as out:
             self.daemons[name] = subprocess.Popen(self.host_cmd(host, *cmd), stdin=subprocess.DEVNULL, stdout=out,
                                                   stderr=subprocess.STDOUT, start_new_session=True)
-        self._keep({self.daemons[name].pid})
-
-    def _keep(self, pids: set[int]):
-        self._kept |= pids
-        self.lab._keep |= pids
+        self.lab.keep([self.daemons[name].pid])        # lab.kill_jobs() spares it, as it spares sshd
 
     def _start(self, slurmd_timeout: int, timeout: float):
         os.makedirs(self.dir, mode=0o700)
@@ -153,7 +148,7 @@ class Slurm:
         self._wait(lambda: set(self.nodes().values()) == {"idle"} and len(self.nodes()) == len(self.lab.hosts),
                    timeout, "not every node became idle")
         ctld = self.daemons["slurmctld"].pid
-        self._keep({p for p in ns_pids(self.lab.ns("h1")) if _ppid(p) == ctld})      # its slurmscriptd
+        self.lab.keep([p for p in ns_pids(self.lab.ns("h1")) if _ppid(p) == ctld])      # its slurmscriptd
 
     def _wait(self, ready, timeout: float, what: str):
         """Poll `ready()` until true; raise LabError with the daemons' log tails when one exits or time is up."""
@@ -235,11 +230,8 @@ class Slurm:
                     except ProcessLookupError:
                         pass
                     p.wait(timeout=10)
-        self.lab._keep -= self._kept
-        self._kill_steps()
+        self._kill_steps()            # the lab spares a kept pid only while its process lives (its start time)
         shutil.rmtree(self.dir, ignore_errors=True)
-        if self.stop in self.lab._on_stop:
-            self.lab._on_stop.remove(self.stop)
 
     def _kill_steps(self):
         """Kill what is left of the jobs on the lab's hosts: every slurmstepd and what runs below it."""
@@ -286,7 +278,7 @@ def start(lab, partition: str = "lab", slurmd_timeout: int = 10, timeout: float 
     if os.path.exists(os.path.join(lab.dir, "slurm")):
         raise LabError(f"lab {lab.id} runs Slurm already: stop it first (sl.stop())")
     sl = Slurm(lab, partition)
-    lab._on_stop.append(sl.stop)                  # lab.stop() (with, atexit) stops Slurm first
+    lab.on_stop(sl.stop)                          # lab.stop() (with, atexit) stops Slurm first
     try:
         sl._start(slurmd_timeout, timeout)
     except BaseException:

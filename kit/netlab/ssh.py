@@ -132,6 +132,10 @@ def remote_command(lab, argv: list[str], cwd: str, env: dict[str, str]) -> str:
 
 def host_list(lab, slots: int, hosts: list[str] | None) -> tuple[int, str]:
     """Return (number of slots, "h1:2,h2:2") for `slots` per host on `hosts` (default: all)."""
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 1024:
+        raise LabError(f"slots={slots!r}: give the processes per host, an int from 1 to 1024")
+    if hosts is not None and (isinstance(hosts, str) or not isinstance(hosts, (list, tuple)) or not hosts):
+        raise LabError(f"hosts={hosts!r}: give a non-empty list of the lab's hosts {lab.hosts}, or None for all")
     hosts = hosts or lab.hosts
     for h in hosts:
         lab.addr_of(h)                                      # raises for a host not in the lab
