@@ -1,0 +1,73 @@
+"""kit.mp on engines: the reference tensor-parallel MLP equals the unsharded one on 2 and 3 Gloo ranks (odd sizes
+too), with one allreduce forward and one backward; both pipeline schedules give one process's gradients and hold
+the activations the formula says; torch.distributed.pipelining agrees; a stage that dies mid-step is named."""
+import time
+
+import pytest
+
+import kit
+from conftest import descendants
+from kit.mp import experiment as ex, model
+
+pytestmark = pytest.mark.engines
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["n2", "n3"])
+def job(request):
+    before = descendants()
+    c = kit.cluster.start(n=request.param, backend="gloo", timeout=60, quiet=True)
+    try:
+        c.init_process_group()
+        yield c
+    finally:
+        c.stop()
+        deadline = time.time() + 10
+        while (descendants() - before) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not (descendants() - before), "cluster processes left running"
+
+
+@pytest.mark.parametrize("d, hidden", [(16, 64), (30, 77), (7, 5)])
+def test_tensor_parallel_mlp_equals_the_unsharded_one(job, d, hidden):
+    r = ex.tp_check(job, cfg={"d": d, "hidden": hidden, "batch": 9, "reps": 1})
+    assert r["ok"], r["diff"]
+    assert r["allreduces"] == 2                               # g in forward, f in backward
+    assert r["handed"] == r["model_handed"] == model.tp_handed_bytes(9, d)
+    assert sum(r["held"]) == r["full"] + (job.size - 1) * d * 4    # the shards, and the row bias on every rank
+    if hidden % job.size == 0:
+        assert r["torch_error"] is None and r["torch_diff"] < 1e-5   # parallelize_module: the same outputs
+
+
+def test_both_schedules_equal_one_process(job):
+    p = job.size
+    for m in (1, p, 5):
+        r = ex.grads_check(job, p=p, m=m)
+        assert r["ok"], r["errs"]
+    r = ex.torch_side_by_side(job, p=p, m=4, cfg={"reps": 1, "tf": 0, "tb": 0})
+    assert all(row["err"] < 1e-5 for row in r["rows"].values()), r
+
+
+def test_the_sweep_records_what_each_stage_held(job):
+    x = ex.sweep(job, ps=(job.size,), ms=(1, 4), cfg={"reps": 1, "tf": 0.001, "tb": 0.002})
+    assert len(x["rows"]) == 4
+    for row in x["rows"]:
+        assert row["peak"] == row["peak_model"]               # AFAB: m; 1F1B: p - stage
+        assert all(b > 0 for b in row["peak_bytes"])
+        tl = x["timelines"][f"{row['schedule']}:{row['p']}:{row['m']}"]
+        assert len(tl) == 2 * row["m"] * row["p"] and min(e["t0"] for e in tl) == 0
+    s = ex.summarize(x)
+    assert s["onefonb_ok"] and s["afab_grows"] and s["peak_matches_model"]
+
+
+def test_a_stage_that_dies_mid_step_is_named():
+    before = descendants()
+    with kit.cluster.start(n=3, backend="gloo", timeout=20, quiet=True) as c:
+        c.init_process_group()
+        t0 = time.time()
+        with pytest.raises(kit.cluster.RankDiedError, match="rank 1 died"):
+            ex.grads_check(c, p=3, m=4, die=(1, 2))
+        assert time.time() - t0 < 20 + 30                    # within the Gloo timeout (and the wait's poll)
+    deadline = time.time() + 10
+    while (descendants() - before) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not (descendants() - before)
