@@ -23,6 +23,7 @@ BOUND = 420
     ("allreduce", ["allreduce.png", "allreduce_model.png", "allreduce_fusion.png"],
      ["records", "model_points", "all_correct"]),
 ])
+@pytest.mark.engines
 def test_tiny_benchmark_writes_json_figures_and_a_summary(tmp_path, no_leaks, name, figures, keys):
     env = {**os.environ, "PYTHONPATH": str(KIT.parent), "PYTHONFAULTHANDLER": "1"}
     p = subprocess.Popen([sys.executable, "-m", "kit.bench", name, "--tiny", "--out", str(tmp_path)],
@@ -53,6 +54,7 @@ def test_no_kit_module_switches_the_matplotlib_backend():
     assert not {name: c for name, c in calls.items() if c}
 
 
+@pytest.mark.engines
 def test_the_gpu_benchmark_refuses_cleanly_without_a_gpu(tmp_path):
     """`python -m kit.bench gpu` on a CPU machine: one line saying where to run it, no traceback, no JSON."""
     env = {**os.environ, "PYTHONPATH": str(KIT.parent), "CUDA_VISIBLE_DEVICES": ""}
