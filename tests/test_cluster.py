@@ -225,6 +225,7 @@ def _threads():
 # inside the with block stops everything (no_leaks).
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.engines
 def test_one_job_of_four_for_horovod_torch_keras_and_torch_distributed_on_loopback(no_leaks, backend):
     n = 4
     want = [(r, n, n * (n + 1) / 2) for r in range(n)]
@@ -271,6 +272,7 @@ def _allreduce_forever():
 
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.engines
 def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backend):
     """mpi: rank 1 SIGKILLed. gloo: rank 1 aborts (SIGABRT, as a C++ exception nobody catches in a framework ends),
     and the error quotes what the engine's fault handler wrote (gloo engines have an output file each)."""
@@ -294,6 +296,7 @@ def test_killed_engine_raises_naming_the_rank_then_restart_works(no_leaks, backe
 
 
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
+@pytest.mark.engines
 def test_kernel_exit_without_stop_leaves_nothing_running(tmp_path):
     script = textwrap.dedent("""
         import kit.cluster
