@@ -50,6 +50,7 @@ def test_schemes_and_labels():
 
 # ----------------------------------------------------------------------------------- on engines
 @pytest.mark.timeout(240)
+@pytest.mark.engines
 def test_tiny_benchmark_gives_its_rows_and_summary(tmp_path, cluster3):
     """The benchmark's tiny run on the shared engines (`python -m kit.bench` writing the JSON: tests/test_bench.py)."""
     from kit.bench import ddp as bench_ddp
@@ -62,6 +63,7 @@ def test_tiny_benchmark_gives_its_rows_and_summary(tmp_path, cluster3):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.engines
 def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
     names = schemes.all_schemes((64, 1 << 20), 256)
     per_rank = cluster3.view.apply_sync(schemes.run_schemes, names, TINY)
@@ -113,6 +115,7 @@ def _engine_buckets_odd_shapes(bucket_bytes):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engines
 def test_buckets_are_right_on_odd_shapes_and_unused_parameters(cluster3):
     importable(cluster3)
     counts = []
@@ -143,6 +146,7 @@ def _engine_zero_state():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engines
 def test_zero_shards_concatenate_to_the_full_optimizer_state(cluster3):
     outs = cluster3.view.apply_sync(_engine_zero_state)
     full = outs[0]["full"]
@@ -170,6 +174,7 @@ def _engine_ddp_vs_buckets():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engines
 def test_ddp_and_the_learners_buckets_agree(cluster3):
     assert all(d < 1e-6 for d in cluster3.view.apply_sync(_engine_ddp_vs_buckets))
 
@@ -185,6 +190,7 @@ def _engine_counting():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.engines
 def test_counting_records_each_call_and_restores_torch(cluster3):
     importable(cluster3)
     for calls, restored in cluster3.view.apply_sync(_engine_counting):
@@ -250,6 +256,7 @@ def test_the_wire_checks_hold_on_the_recorded_run_and_fail_when_the_bytes_are_of
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engines
 def test_the_timeline_records_every_allreduce_from_launch_to_done(cluster3):
     from kit.ddp import lab
     per_rank = cluster3.view.apply_sync(lab.timeline, TINY, 3)
