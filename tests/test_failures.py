@@ -30,6 +30,7 @@ def test_hosts_that_do_not_parse_or_add_up_say_so_before_anything_starts(no_leak
     ("127.0.0.1", r"127.0.0.1 over SSH \(.*(refused|Permission denied|closed)"),          # no SSH server, or refused
 ])
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.engines
 def test_a_host_that_cannot_be_reached_is_named_and_nothing_starts(no_leaks, host, why, backend):
     before = descendants()
     with pytest.raises(kc.ClusterError, match=r"cannot reach " + why + r".*Nothing was started"):
@@ -50,6 +51,7 @@ def test_slurm_options_that_cannot_work_say_so_before_anything_starts(no_leaks, 
     assert descendants() == before
 
 
+@pytest.mark.engines
 def test_slurm_without_its_clients_says_so_and_nothing_starts(no_leaks, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))          # no sinfo, sbatch, ... here
     with pytest.raises(kc.ClusterError, match=r"cannot run Slurm's clients \(sinfo: .*is this a Slurm login node"):
@@ -81,6 +83,7 @@ def test_unwritable_checkpoint_folder_is_refused_before_training(tmp_path):
 
 
 @pytest.mark.timeout(400)   # a horovodrun job: imports TF on 2 ranks, slow on a busy 2-core machine
+@pytest.mark.engines
 def test_script_with_unwritable_checkpoint_folder_stops_every_rank_with_the_reason(tmp_path, no_leaks):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
