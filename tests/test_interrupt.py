@@ -74,6 +74,7 @@ def shell():
 
 
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
+@pytest.mark.engines
 def test_an_interrupted_px_cell_stops_the_engines_and_the_next_cell_runs(shell, no_leaks, capsys):
     with kc.start(2, "gloo", timeout=60, quiet=True) as c:
         t0 = time.monotonic()
@@ -90,6 +91,7 @@ def test_an_interrupted_px_cell_stops_the_engines_and_the_next_cell_runs(shell, 
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.engines
 def test_an_interrupt_that_cuts_a_collective_says_restart_and_restart_works(shell, no_leaks, capsys):
     """Rank 1 sleeps, rank 0 waits for it in an allreduce; the interrupt stops rank 1's sleep: the allreduce can
     never finish. The kit says so at once (not after the 60 s stall timeout) and frees rank 0."""
