@@ -46,6 +46,7 @@ def ssh_home_state():
 
 # --------------------------------------------------------------------------------------- requirements
 @pytest.mark.timeout(60)
+@pytest.mark.engines
 def test_without_root_start_says_what_to_do():
     code = "import kit.netlab as n\ntry:\n    n.start(2)\nexcept n.LabError as e:\n    print(e)"
     # as root: the same call from a root process without CAP_NET_ADMIN (Docker without --cap-add NET_ADMIN)
@@ -55,6 +56,7 @@ def test_without_root_start_says_what_to_do():
     assert "needs root" in p.stdout and "--cap-add NET_ADMIN" in p.stdout, p.stdout + p.stderr
 
 
+@pytest.mark.engines
 def test_why_not_gives_the_reason_a_notebook_shows_instead_of_raising():
     # what notebooks 02-04's lab cells call: None where a lab can start, else the LabError's sentence, never a raise
     code = "import kit.netlab as n\nprint(repr(n.why_not()))"
@@ -74,6 +76,8 @@ def test_root_has_every_tool_the_lab_needs():
 
 @needs_root
 @pytest.mark.timeout(30)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_without_sshd_the_error_names_the_package(monkeypatch, tmp_path):
     for tool in ("ip", "tc", "unshare", "ssh", "ssh-keygen"):      # every other tool, but no sshd
         (tmp_path / tool).symlink_to(shutil.which(tool))
@@ -95,6 +99,8 @@ def test_bad_arguments_get_clear_errors():
 # ------------------------------------------------------------------------------------------ life cycle
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_life_cycle_hosts_names_ssh_and_nothing_left(no_leaks):
     assert_clean()
     ssh_before = ssh_home_state()
@@ -125,6 +131,8 @@ def test_life_cycle_hosts_names_ssh_and_nothing_left(no_leaks):
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_with_block_exception_and_atexit_leave_nothing(no_leaks):
     with pytest.raises(ZeroDivisionError):
         with netlab.start(hosts=2) as lab:
@@ -140,6 +148,8 @@ def test_with_block_exception_and_atexit_leave_nothing(no_leaks):
 
 @needs_root
 @pytest.mark.timeout(150)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_start_after_a_crash_sweeps_the_dead_lab(no_leaks):
     code = textwrap.dedent("""
         import json, time, kit.netlab as n
@@ -164,6 +174,8 @@ def test_start_after_a_crash_sweeps_the_dead_lab(no_leaks):
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_two_labs_at_once(no_leaks):
     with netlab.start(2) as a, netlab.start(2) as b:
         assert a.id != b.id and a.addr != b.addr and a.addr_of("h1") != b.addr_of("h1")
@@ -187,6 +199,8 @@ lab.stop()
 
 @needs_root
 @pytest.mark.timeout(180)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_labs_of_processes_with_different_temp_dirs_are_not_swept(tmp_path, no_leaks):
     """A lab started from a shell or a kernel (its own TMPDIR) survives a `start()` in `make test` (another TMPDIR):
     the owner record is found by every process, whatever its temp dir."""
@@ -220,6 +234,8 @@ def capped(measured: dict, rate: str, low=0.60, high=1.10):
 
 @needs_root
 @pytest.mark.timeout(180)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_measured_rate_matches_the_set_rate_both_ways(no_leaks):
     # Rates the measuring processes reach on a busy 2-core machine: at 400mbit a CI run measured 337 Mbit/s, and at
     # 200mbit a full make test 174 Mbit/s one way (the other test worker had the cores): a limit of the box, not of
@@ -243,6 +259,8 @@ def can_connect(lab, src, dst, timeout=2) -> bool:
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_cut_and_restore_a_link(no_leaks):
     with netlab.start(hosts=3) as lab:
         assert can_connect(lab, "h1", "h2")
@@ -266,6 +284,8 @@ def listening(ns: str | None) -> list[tuple[str, str]]:
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_only_lab_addresses_listen_and_only_the_lab_key_gets_in(tmp_path, no_leaks):
     with netlab.start(hosts=2) as lab:
         sshd = {str(p.pid) for p in lab._sshd.values()}
@@ -402,6 +422,8 @@ def finish(proc, timeout, lab=None, linger=None):
 @needs_root
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("kind", ["gloo", "mpi"])
+@pytest.mark.lab
+@pytest.mark.engines
 def test_launcher_across_two_hosts_killed_and_resumed(kind, tmp_path, no_leaks):
     ckpt, total, t0, ssh_before = tmp_path / "ckpt", 40, time.time(), ssh_home_state()
     sessions = set(glob.glob("/tmp/prted.*"))       # Open MPI's daemons' session folders: the lab's, not /tmp
