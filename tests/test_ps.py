@@ -50,6 +50,7 @@ def cluster():
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers,servers", [(1, 1), (3, 1), (2, 2)])
+@pytest.mark.engines
 def test_sync_ps_equals_single_process_sgd(cluster, workers, servers):
     cfg = ps.Config(workers=workers, servers=servers, steps=6, batch=60, lr=0.1)
     run = ps.train(cluster, cfg)
@@ -75,6 +76,7 @@ def server_step(params, grads, workers, link, lr):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.engines
 def test_train_runs_the_algorithm_it_is_given(cluster):
     notebook = {"__name__": "__main__"}
     exec(SUMMING_SERVER, notebook)
@@ -89,6 +91,7 @@ def test_train_runs_the_algorithm_it_is_given(cluster):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.engines
 def test_async_ps_with_one_worker_is_sync_exactly(cluster):
     cfg = ps.Config(workers=1, servers=1, steps=6, batch=60, lr=0.1)
     sync = ps.train(cluster, cfg)
@@ -100,6 +103,7 @@ def test_async_ps_with_one_worker_is_sync_exactly(cluster):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("workers,servers", [(3, 1), (2, 2)])
+@pytest.mark.engines
 def test_bytes_are_exactly_n_times_k_per_direction(cluster, workers, servers):
     cfg = ps.Config(workers=workers, servers=servers, steps=4)
     run = ps.train(cluster, cfg)
@@ -115,6 +119,7 @@ def test_bytes_are_exactly_n_times_k_per_direction(cluster, workers, servers):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.engines
 def test_async_ps_applies_every_push_and_tracks_staleness(cluster):
     cfg = ps.Config(workers=3, steps=5, mode="async", lr=0.03)
     run = ps.train(cluster, cfg)
@@ -127,12 +132,14 @@ def test_async_ps_applies_every_push_and_tracks_staleness(cluster):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engines
 def test_too_many_workers_is_a_clear_error(cluster):
     with pytest.raises(ValueError, match="need 5 engines, but the cluster has 4"):
         ps.train(cluster, ps.Config(workers=4))
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.engines
 def test_pingpong_measures_alpha_and_bandwidth(cluster):
     before = cluster.view.apply_sync(os.sched_getaffinity, 0)
     ab = measure_alpha_beta(cluster, sizes=[4, 1 << 16, 1 << 20], repeats=3)
@@ -143,6 +150,7 @@ def test_pingpong_measures_alpha_and_bandwidth(cluster):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.engines
 def test_exchange_prediction_is_built_from_measured_parts(cluster):
     empty = ps_measure.exchange(cluster, 2, 1, floats=1, steps=6)
     assert empty["bytes_exact"] and empty["server_in"] == 2 * 4 and empty["measured_ms"] > 0
@@ -157,6 +165,7 @@ def test_exchange_prediction_is_built_from_measured_parts(cluster):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.engines
 def test_a_dead_worker_makes_everyone_raise_in_bounded_time(no_leaks):
     with kit.cluster.start(n=4, timeout=20, quiet=True) as c:     # a cluster of its own: this test kills an engine
         c.init_process_group()
