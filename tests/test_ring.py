@@ -102,6 +102,7 @@ def _engine_compare(shape, dtype, seed):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.engines
 def test_ring_on_engines_equals_numpy_torch_horovod(cluster3, dtype):
     for i, shape in enumerate(SHAPES):
         outs = cluster3.view.apply_sync(_engine_compare, shape, dtype, i)
@@ -117,6 +118,7 @@ def test_ring_on_engines_equals_numpy_torch_horovod(cluster3, dtype):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.engines
 def test_ring_bytes_sent_match_formula(cluster3):
     n, numel = 3, 1000
     outs = cluster3.view.apply_sync(_engine_compare, (numel,), "float32", 99)
@@ -154,6 +156,7 @@ def _engine_mismatch(bad_rank, kind):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["shape", "dtype"])
+@pytest.mark.engines
 def test_mismatch_is_a_clear_error_on_every_rank(cluster3, kind):
     outs = cluster3.view.apply_sync(_engine_mismatch, 2, kind)
     for o in outs:
@@ -175,6 +178,7 @@ def _engine_allreduce_timed():
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.engines
 def test_dead_neighbour_raises_within_timeout(no_leaks):
     timeout = 10
     with kit.cluster.start(n=2, backend="gloo", timeout=timeout, quiet=True) as c:
