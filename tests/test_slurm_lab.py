@@ -87,6 +87,8 @@ def lines(p: subprocess.CompletedProcess) -> list[str]:
 # --------------------------------------------------------------------------------------------- the cluster
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_every_host_is_an_idle_node_and_nothing_is_outside_the_lab(cluster):
     lab, sl = cluster
     assert sl.nodes() == {"h1": "idle", "h2": "idle", "h3": "idle"}
@@ -103,6 +105,8 @@ def test_every_host_is_an_idle_node_and_nothing_is_outside_the_lab(cluster):
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_srun_runs_one_task_on_each_host(cluster):
     lab, sl = cluster
     lab.kill_jobs()                           # what kit.mnist.lab does after a job: spares Slurm, as it spares sshd
@@ -115,6 +119,8 @@ def test_srun_runs_one_task_on_each_host(cluster):
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_a_batch_job_is_queued_runs_and_leaves_its_output(cluster, tmp_path):
     _, sl = cluster
     out = tmp_path / "job-%j.out"
@@ -129,6 +135,8 @@ def test_a_batch_job_is_queued_runs_and_leaves_its_output(cluster, tmp_path):
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_impossible_requests_are_refused_with_slurms_reason(cluster):
     _, sl = cluster
     too_many = sl.run(["sbatch", "-N4", "--wrap", "true"])
@@ -146,6 +154,8 @@ MPI_CHECK = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
 
 @needs_root
 @pytest.mark.timeout(180)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_mpiexec_under_salloc_spans_the_three_hosts(cluster):
     _, sl = cluster
     t0 = time.time()
@@ -159,6 +169,8 @@ def test_mpiexec_under_salloc_spans_the_three_hosts(cluster):
 
 @needs_root
 @pytest.mark.timeout(600)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_the_sbatch_mnist_job_trains_on_three_hosts_and_resumes_after_scancel(cluster, tmp_path):
     """scripts/slurm_mnist.sbatch: notebook 04's job as a batch job, Horovod over MPI on h1..h3; cancelled after two
     checkpoints, submitted again with the same CKPT, it resumes after the last one and finishes; squeue ends empty."""
@@ -215,6 +227,8 @@ def engine_pids_alive(c, grace: float = 10) -> list[int]:
 @needs_root
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.lab
+@pytest.mark.engines
 def test_kit_cluster_engines_are_one_slurm_job_with_slurms_ranks(cluster, backend):
     """kit.cluster.start(slurm=sl): one batch job over the three nodes; ranks, local ranks and hostnames as Slurm
     (gloo: srun's SLURM_PROCID) or MPI inside the allocation assign them; Horovod sums over all three; the job is
@@ -241,6 +255,8 @@ def test_kit_cluster_engines_are_one_slurm_job_with_slurms_ranks(cluster, backen
 
 @needs_root
 @pytest.mark.timeout(240)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_a_slurm_job_refused_or_left_pending_is_a_clear_error_and_nothing_stays_queued(cluster):
     _, sl = cluster
     with pytest.raises(kc.ClusterError, match=r"Slurm refused the engines' job: .*Invalid partition name"):
@@ -286,6 +302,8 @@ def allreduce_after(seconds: float, sleeper: int = 2) -> float:
 
 @needs_root
 @pytest.mark.timeout(300)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_a_node_cut_off_during_a_collective_is_a_dead_rank_named_by_slurm(cluster):
     """h3's cable pulled while rank 2's engine there is busy and ranks 0, 1 wait in an allreduce: slurmctld stops
     hearing h3's slurmd, and kit.cluster names rank 2 on h3 from Slurm's node state, before Gloo's own timeout.
@@ -326,6 +344,8 @@ def test_a_node_cut_off_during_a_collective_is_a_dead_rank_named_by_slurm(cluste
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_a_killed_slurmd_marks_its_node_down(cluster):
     lab, sl = cluster
     slurmd = [p for p in netlab.ns_pids(lab.ns("h3"))
@@ -341,6 +361,8 @@ def test_a_killed_slurmd_marks_its_node_down(cluster):
 
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_stop_leaves_nothing(cluster):
     lab, sl = cluster
     sl.stop()
@@ -353,6 +375,8 @@ def test_stop_leaves_nothing(cluster):
 # ------------------------------------------------------------------------------------- failures to start
 @needs_root
 @pytest.mark.timeout(120)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_a_start_that_does_not_reach_idle_says_why_and_leaves_nothing(monkeypatch, no_leaks):
     monkeypatch.setattr(slurm, "node_line", lambda slurmd: "CPUs=64")     # more CPUs than slurmd finds
     with netlab.start(1) as lab:
@@ -368,6 +392,8 @@ def test_a_start_that_does_not_reach_idle_says_why_and_leaves_nothing(monkeypatc
 # ------------------------------------------------------------------------------------- a SIGKILLed owner
 @needs_root
 @pytest.mark.timeout(150)
+@pytest.mark.lab
+@pytest.mark.engines
 def test_a_sigkilled_owners_slurm_is_swept_by_the_next_start(no_leaks):
     code = textwrap.dedent("""
         import json, time, kit.netlab as n
