@@ -69,6 +69,7 @@ def _hvd_sum():
 
 
 @pytest.mark.timeout(900)   # starts engines twice: minutes on a busy 2-core machine
+@pytest.mark.engines
 def test_a_rank_that_never_joins_is_named_within_the_timeout_then_restart_works(no_leaks):
     timeout = 10
     with kc.start(2, "gloo", timeout=timeout, quiet=True) as c:
@@ -93,6 +94,7 @@ def test_a_rank_that_never_joins_is_named_within_the_timeout_then_restart_works(
 
 
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
+@pytest.mark.engines
 def test_a_px_cell_with_a_stall_returns_and_says_which_rank_and_what_to_do(no_leaks, capsys):
     from IPython.core.interactiveshell import InteractiveShell
     shell = InteractiveShell.instance()
