@@ -66,6 +66,7 @@ def stamp(**env) -> str:
     return out.stdout.strip()
 
 
+@pytest.mark.engines
 def test_the_stamp_records_the_torch_build_and_the_gpu_operations():
     """A set-up with other choices is not 'up to date': make never keeps a CPU Horovod where NCCL was asked."""
     cases = [dict(TORCH=t, HOROVOD_GPU_OPERATIONS=g) for t in ("cpu", "cuda") for g in ("", "NCCL")]
@@ -74,6 +75,7 @@ def test_the_stamp_records_the_torch_build_and_the_gpu_operations():
     assert stamp(**cases[3]) == stamps[3]                     # and it is deterministic
 
 
+@pytest.mark.engines
 def test_a_bad_torch_choice_is_a_clear_error():
     out = subprocess.run(["bash", "scripts/setup_env.sh"], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "TORCH": "rocm", "VENV": "/nonexistent/venv"}, timeout=60)
@@ -108,6 +110,7 @@ def test_ci_runs_the_fresh_user_check():
         assert must in fresh, must
 
 
+@pytest.mark.engines
 def test_make_test_gpu_refuses_without_a_gpu():
     has_gpu = subprocess.run("nvidia-smi -L 2>/dev/null | grep -q ^GPU", shell=True).returncode == 0
     out = subprocess.run(["make", "-s", "gpu-present"], cwd=REPO, capture_output=True, text=True, timeout=60)
