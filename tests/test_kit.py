@@ -154,6 +154,7 @@ def _import_order(tmp_path, code):
     return out.stdout.strip()
 
 
+@pytest.mark.engines
 def test_triton_loads_before_tensorflow_when_installed(tmp_path):
     # tensorflow/tensorflow#124205: Triton loaded after TensorFlow >= 2.20 segfaults; torch loads it lazily.
     assert _import_order(tmp_path, "import kit, tensorflow") == "['triton', 'tensorflow']"
@@ -162,6 +163,7 @@ def test_triton_loads_before_tensorflow_when_installed(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.engines
 def test_tensorflow_then_a_torch_optimizer_in_one_process():
     """The real case (a plain user's PyPI CUDA torch brings Triton): this crashed with SIGSEGV before the hook."""
     code = ("import kit, tensorflow, torch\n"
