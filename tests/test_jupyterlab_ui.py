@@ -213,6 +213,8 @@ def stderr_texts(outputs):
 
 
 @pytest.mark.timeout(RUN_ALL_SECONDS + 600)
+@pytest.mark.browser
+@pytest.mark.engines
 def test_notebook_00_runs_clean_in_jupyterlab(no_leaks):
     chromium, driver = browser_or_reason()
     tmp = Path(tempfile.mkdtemp(prefix="kit-ui-"))
@@ -279,6 +281,7 @@ time.sleep(1)     # the partial last line goes on after 0.2 s
     ("0", "", [INFO, WARN, ERROR, "plain C output", "a partial line"]),         # INFO shown, CPU engine: no cuInit
     ("2", "0", [CUINIT, ERROR, "plain C output", "a partial line"]),            # a GPU engine: cuInit failing counts
 ])
+@pytest.mark.engines
 def test_engines_drop_only_tensorflow_start_up_noise(level, cuda, kept):
     if cuda and not os.path.exists("/proc/driver/nvidia/version"):
         kept = [k for k in kept if k != CUINIT]      # no NVIDIA driver here: a CPU machine, cuInit failing is noise
