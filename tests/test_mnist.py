@@ -108,6 +108,7 @@ TIMELINE = """[
 {"ph": "E", "ts": 7200, "pid": 1},"""
 
 
+@pytest.mark.engines
 def test_a_start_that_stalls_ends_the_rank_with_a_message_and_a_bad_bound_is_refused():
     """hvd.init() that never returns (Open MPI's first collective stalled, docs/cluster.md) ends the rank, with its
     exit status and a message, after --init-timeout; one that returns in time is left alone."""
@@ -172,6 +173,7 @@ def check_trained(out: str, json_path: Path, epochs: int):
 
 
 @pytest.mark.timeout(900)   # horovodrun/mpirun jobs: minutes on a busy 2-core machine
+@pytest.mark.engines
 def test_script_under_mpirun_warms_up_then_decays_the_learning_rate(tmp_path, no_leaks):
     out = run(mpirun(*TINY, "--epochs", "4", "--warmup-epochs", "1", "--json", str(tmp_path / "r.json")))
     lrs = [h["lr"] for h in check_trained(out, tmp_path / "r.json", 4)["history"]]
@@ -201,6 +203,7 @@ def test_decay_start_is_the_last_quarter_and_a_stored_spread_of_another_schedule
 
 
 @pytest.mark.timeout(900)   # horovodrun/mpirun jobs: minutes on a busy 2-core machine
+@pytest.mark.engines
 def test_killed_run_resumes_from_the_last_good_checkpoint_skipping_a_corrupt_one(tmp_path, no_leaks):
     ckpt, total = tmp_path / "ckpt", 40
     # 1. Start a long run and kill the whole job once rank 0 has written two checkpoints.
@@ -316,6 +319,7 @@ def test_notebook_04_measures_with_the_benchmarks_function():
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.engines
 def test_bench_mnist_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     from kit import bench
     summary = bench.run("mnist", tmp_path, tiny=True)   # the Gloo pair; the MPI launcher: test_script_under_mpirun_*
