@@ -64,6 +64,7 @@ def test_an_oom_kill_in_the_kernel_log_is_named_and_an_old_one_is_not():
 
 @pytest.mark.timeout(600)   # starts engines: minutes on a busy 2-core machine
 @pytest.mark.requires_root     # a memory cgroup (the rule itself is tested above without root)
+@pytest.mark.engines
 def test_an_engine_killed_by_the_oom_killer_is_a_dead_rank_out_of_memory(no_leaks):
     cgroup = MemoryCgroup(256 * 2**20)
     try:
