@@ -27,6 +27,7 @@ def test_live_hosts_are_those_whose_ssh_port_answers():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.engines
 def test_discovery_script_lists_the_first_host_alone_then_the_live_hosts(tmp_path):
     import subprocess
     path = elastic.discovery_script(str(tmp_path), ["127.0.0.1:1", "no-such-host.invalid:4"])
@@ -157,6 +158,7 @@ class FakeLab:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.engines
 def test_a_driver_that_lingers_after_training_ended_is_stopped_and_the_run_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(elastic, "DRIVER_GRACE", 1.0)
     lab = FakeLab(tmp_path)
