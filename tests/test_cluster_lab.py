@@ -17,7 +17,7 @@ import kit.cluster as kc
 from kit import netlab
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-pytestmark = [pytest.mark.lab, pytest.mark.requires_root]
+pytestmark = [pytest.mark.lab, pytest.mark.engines, pytest.mark.requires_root]
 TIMEOUT = 20                      # the cluster's timeout: how long a collective waits for a lost peer
 N = 1_000_003                     # an awkward size: not a multiple of anything the transports chunk by
 EXPECTED = [("h1", 0, 0, 0), ("h1", 1, 1, 0), ("h2", 2, 0, 1), ("h2", 3, 1, 1)]   # horovodrun -H h1:2,h2:2

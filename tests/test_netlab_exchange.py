@@ -11,7 +11,7 @@ import pytest
 from kit.netlab import exchange
 from kit.plots.network import bytes_error, ratios
 
-pytestmark = [pytest.mark.lab, pytest.mark.requires_root]
+pytestmark = [pytest.mark.lab, pytest.mark.engines, pytest.mark.requires_root]
 K = 4 << 20               # bytes per allreduce
 RATE = "200mbit"          # slow links: the network, not the 2 shared cores, sets the time
 CONTROL = 64 << 10        # bytes of barriers and ipyparallel heartbeats a host may add per call

@@ -9,6 +9,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.engines      # runs `make lab`: a JupyterLab server
 REPO = Path(__file__).resolve().parents[1]
 
 
