@@ -1,15 +1,18 @@
 """`python -m kit.bench loading`: notebook 01's num_workers sweep (kit.data.pipeline.sweep_experiment) with
-the benchmark's settings; loading.png and loading_timeline.png."""
+the benchmark's settings; loading.png; the W = 0 and best-W runs recorded with torch.profiler as Chrome traces
+(loading_W0.json.gz, loading_W{best}.json.gz: open them in Perfetto or chrome://tracing) and loading_timeline.png
+drawn from those traces."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from kit.data import lesson, pipeline
-from kit.plots import figure, plot_sweep, plot_timelines
+from kit.plots import figure, plot_sweep, plot_traces
 
 
 def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
-    """Sweep num_workers on the default demo; write loading.png and loading_timeline.png; return (result, summary)."""
+    """Sweep num_workers on the default demo; trace W = 0 and the best W; write loading.png, the two traces and
+    loading_timeline.png (from the traces); return (result, summary)."""
     steps, rounds = (12, 1) if quick else (30, 3)
     workers = (0, 1, 2) if quick else (0, 1, 2, 3, 4, 6)
     store, dataset, step = pipeline.setup(steps)
@@ -18,13 +21,17 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
         res = pipeline.sweep_experiment(dataset, step, workers, steps, pipeline.DEFAULT["batch_size"], rounds,
                                         fit_workers=(0, 2))
     held, said = lesson.verdict(res, alone, load)
-    rows, best, mons = res["rows"], res["best"], res["mons"]
+    rows, best = res["rows"], res["best"]
     fig, axes = figure(3, figsize=(12.6, 3.2))
     plot_sweep(rows, ax=axes[0], title="default demo")
     fig.tight_layout()
     fig.savefig(out_dir / "loading.png", dpi=110)
-    fig, axes = figure(1, 2, figsize=(10, 4.0), sharex=True)
-    plot_timelines({0: mons[0].runs[0], best["workers"]: mons[best["workers"]].runs[0]}, ax=axes[:, 0], seconds=1.0)
+    traced = lesson.trace_runs(dataset, step, sorted({0, best["workers"]}), pipeline.DEFAULT["batch_size"], out_dir,
+                               active=3 if quick else 5, sync=pipeline.sync_fn())
+    trace_held, trace_said = lesson.trace_check(traced, rows)
+    fig, axes = figure(1, len(traced), figsize=(10, 2.2 * len(traced)), sharex=True)
+    plot_traces({w: run["trace"] for w, run in traced.items()}, ax=axes[:, 0],
+                titles={w: f"num_workers={w} (torch.profiler trace)" for w in traced})
     fig.savefig(out_dir / "loading_timeline.png", dpi=110)
     summary = (f"loading: busy {100 * res['at_0']['busy']:.0f}% at num_workers=0, most samples/s at "
                f"num_workers={best['workers']} ({res['speedup']:.1f}x, busy {100 * best['busy']:.0f}%); "
@@ -32,10 +39,13 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
                f"fitted to W=0 and 2, within {100 * res['held_out_error']:.0f}% of measured step time on the other "
                f"W ({', '.join(str(w) for w in workers if w not in res['fit_workers'])}); lesson "
                f"{'held' if held else 'NOT shown'} (step alone {1e3 * alone:.1f} ms; other processes "
-               f"{100 * load.others:.0f}% of {load.cores} cores)")
+               f"{100 * load.others:.0f}% of {load.cores} cores); traces' data-wait share against the sweep's "
+               f"{'held' if trace_held else 'did NOT hold'}")
     result = {"settings": {**pipeline.DEFAULT, "steps": steps, "rounds": rounds, "torch_threads": 1}, "fit": res["fit"],
               "fit_workers": list(res["fit_workers"]), "sweep": rows, "busy_at_0": res["at_0"]["busy"],
               "best_busy": best["busy"], "best_workers": best["workers"], "held_out_error": res["held_out_error"],
               "lesson": {"held": held, "text": said, "alone_ms": 1e3 * alone, "others": load.others,
-                         "cores": load.cores}}
+                         "cores": load.cores},
+              "traces": {"files": [run["path"].name for run in traced.values()], "held": trace_held,
+                         "text": trace_said, "active_steps": 3 if quick else 5}}
     return result, summary

@@ -152,3 +152,50 @@ def verdict(res: dict, alone: float, load: MachineLoad | None = None) -> tuple[b
                    f"{res['speedup']:.2f}x of loading in the loop{per_round}. {machine}: {why}. "
                    + ("Re-run on a quiet machine, or with fewer workers." if slowed >= SLOWED or busy_others else
                       "Make loading slower than the step (a larger `IO_MS`) to see what workers are for."))
+
+
+# --- the stall in a torch.profiler trace ------------------------------------------------------------------------
+TRACE_TOL = 0.10    # the trace's data-wait share and the sweep's (1 - busy) agree within 10 points
+
+
+def trace_runs(dataset, step, workers, batch: int, folder, active: int = 5, sync=None) -> dict:
+    """Record a few steps at each W in `workers` with torch.profiler into folder/loading_W{W}.json.gz; return {W:
+    {"path", "trace" (the JSON read back), "nvml": NVML utilisation samples (%) taken meanwhile, empty without}}.
+    The schedule skips 1 step plus the batches the workers may hold queued (`pipeline.queued`), warms up 1, records
+    `active`: the recorded steps see the loader's steady pace, not the queue it filled while starting."""
+    from pathlib import Path
+
+    from kit import trace
+    from kit.data.monitor import Monitor
+    from kit.data.pipeline import make_loader, queued
+    out = {}
+    for w in workers:
+        loader = make_loader(dataset, batch, w)
+        path = Path(folder) / f"loading_W{w}.json.gz"
+        with Monitor(warmup=0) as mon:                 # its NVML thread only, on a GPU: what NVML saw meanwhile
+            trace.record_loop(loader, step, path, wait=1 + queued(loader), warmup=1, active=active, sync=sync)
+        out[w] = {"path": path, "trace": trace.load(path), "nvml": [u for _, u, _ in mon.samples]}
+    return out
+
+
+def trace_check(traced: dict, rows: list[dict], tol: float = TRACE_TOL) -> tuple[bool, str]:
+    """Check each traced W's data-wait share (the DataLoader's __next__ spans / the ProfilerStep spans) against the
+    sweep's wait share at that W (1 - busy, from `rows`); on a GPU, the kernels' share against NVML. Return (held,
+    markdown), saying for a check that did not hold what differed."""
+    from kit import trace
+    by_w, said, held = {r["workers"]: r for r in rows}, [], True
+    for w, run in traced.items():
+        got, row = trace.data_wait(run["trace"]), by_w[w]
+        ok, text = trace.agree(f"num_workers={w}: the trace's data-wait share", got["wait_share"], 1 - row["busy"],
+                               "the sweep's (1 - busy)", tol)
+        if not ok:
+            pace = "slower" if got["step_ms"] > row["step_ms"] else "faster"
+            text += (f"; the {got['steps']} traced steps took {got['step_ms']:.1f} ms each against the sweep's "
+                     f"{row['step_ms']:.1f} ms: that short run went {pace} than the sweep's rounds")
+        said.append(text)
+        held &= ok
+        if any(s.cat in trace.KERNEL_CATS for s in trace.spans(run["trace"])):
+            ok, text = trace.check_nvml(trace.device_busy(run["trace"]), run["nvml"])
+            said.append(f"num_workers={w}: {text}")
+            held &= ok
+    return held, "; ".join(said) + "."

@@ -33,14 +33,23 @@ NVML_LAG = 1.0      # s: an NVML utilisation reading averages its last sample pe
 
 
 class NoNVMLWarning(UserWarning):
-    """No NVIDIA driver/NVML here: the monitor records the CPU-side wait/compute trace only."""
+    """A CUDA GPU is here but NVML cannot be read: the monitor records the CPU-side wait/compute trace only."""
 
 
 @lru_cache(maxsize=None)
 def say_no_nvml():
-    """Warn, once per process, that there is no NVML: monitors record the CPU-side trace only."""
-    warnings.warn("no NVIDIA GPU/NVML here: the monitor records the CPU-side wait/compute trace only",
-                  NoNVMLWarning, stacklevel=3)
+    """Warn, once per process, that a GPU's NVML cannot be read: monitors record the CPU-side trace only."""
+    warnings.warn("a CUDA GPU is here but NVML cannot be read (is nvidia-ml-py installed?): the monitor records "
+                  "the CPU-side wait/compute trace only", NoNVMLWarning, stacklevel=3)
+
+
+def cuda_present() -> bool:
+    """Return whether PyTorch sees a CUDA GPU (without one, no NVML is expected and nothing is said)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def open_nvml(index: int = 0):
@@ -114,7 +123,7 @@ class Monitor:
             self._thread = threading.Thread(target=self._sample_loop, args=(sampler,), daemon=True,
                                             name="kit-monitor-nvml")
             self._thread.start()
-        elif self.use_nvml:
+        elif self.use_nvml and cuda_present():          # a CPU-only machine has no NVML to miss: silent
             say_no_nvml()
         return self
 

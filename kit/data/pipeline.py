@@ -216,10 +216,19 @@ def sync_fn():
     return torch.cuda.synchronize if torch.cuda.is_available() else None
 
 
+def queued(loader) -> int:
+    """Return how many batches `loader`'s workers may hold ready ahead of the step: num_workers x prefetch_factor."""
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    return workers * int(getattr(loader, "prefetch_factor", None) or 2) if workers else 0
+
+
 def measure(loader, step, steps: int = 40, warmup: int = 3) -> monitor.Monitor:
-    """Train `steps` steps from `loader` inside a Monitor and return it (stats(), plot())."""
-    with monitor.Monitor(warmup=warmup, sync=sync_fn()) as mon:     # without NVML: warns once, CPU trace only
-        for batch in mon.watch(loader, steps=steps):
+    """Train from `loader` inside a Monitor and return it (stats(), plot()): `warmup` steps, plus as many as the
+    workers may have queued, then `steps - warmup` counted steps. Batches the workers loaded during their start-up
+    would otherwise be counted as if loaded at the steady rate: a short run then beats the loader's own pace."""
+    ahead = queued(loader)
+    with monitor.Monitor(warmup=warmup + ahead, sync=sync_fn()) as mon:   # NVML on a GPU, CPU trace only elsewhere
+        for batch in mon.watch(loader, steps=steps + ahead):
             step(batch)
     return mon
 
@@ -256,10 +265,12 @@ def sweep(dataset, step, workers=(0, 1, 2, 3, 4), steps: int = 40, batch_size: i
     return {w: monitor.merge(r) for w, r in runs.items()}
 
 
-def table(mons: dict, fit: dict | None = None) -> list[dict]:
+def table(mons: dict, fit: dict | None = None, predict=None) -> list[dict]:
     """Return one row per setting: throughput, busy, wait, step, and (with a fit) predicted step and error. A merged
     Monitor (from `sweep`'s rounds) also gives each round's samples/s and step ms ("rounds": [[samples/s, ms], ...])
-    and the spread of its step time over the rounds ("step_spread": (max - min) / the merged step)."""
+    and the spread of its step time over the rounds ("step_spread": (max - min) / the merged step).
+    predict(workers, **fit) -> seconds: the model to predict with (default the kit's, `monitor.predict_step`)."""
+    predict = predict or monitor.predict_step
     rows = []
     for w, mon in mons.items():
         st = mon.stats()
@@ -271,7 +282,7 @@ def table(mons: dict, fit: dict | None = None) -> list[dict]:
                "rounds": [[round(r["samples_per_s"], 1), round(1e3 * r["step"], 2)] for r in per_round],
                "step_spread": round((max(steps) - min(steps)) / st["step"], 3)}
         if fit is not None and isinstance(w, int):
-            p = predicted(fit, w)
+            p = predict(w, **fit)
             row.update(predicted_ms=round(1e3 * p, 2), model_error=round(abs(p - st["step"]) / st["step"], 3))
         rows.append(row)
     return rows
@@ -279,6 +290,7 @@ def table(mons: dict, fit: dict | None = None) -> list[dict]:
 
 # --- the experiment of notebook 01 and `python -m kit.bench loading` -----------------------------------------
 DEFAULT = {"size": 28, "fmt": "png", "io_ms": 0.6, "batch_size": 64}   # notebook 01 explains the mix
+AHEAD = 40          # batches a store holds beyond a run's steps: those `measure` skips while workers' queues drain
 
 
 def setup(steps: int = 30, size: int = DEFAULT["size"], fmt: str = DEFAULT["fmt"], io_ms: float = DEFAULT["io_ms"],
@@ -289,7 +301,7 @@ def setup(steps: int = 30, size: int = DEFAULT["size"], fmt: str = DEFAULT["fmt"
     """
     torch.set_num_threads(torch_threads)
     torch.manual_seed(seed)
-    store = make_store(steps * batch_size + 512, size, fmt, verbose=verbose)
+    store = make_store((steps + AHEAD) * batch_size, size, fmt, verbose=verbose)   # the queued batches' too
     return store, ImageDataset(store, io_ms), make_step(make_model())
 
 
