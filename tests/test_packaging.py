@@ -211,15 +211,17 @@ def _mnist_on_lab_hosts(x: dict) -> list[str]:
 
 
 def _ddp(x: dict) -> list[str]:
-    from kit.ddp.schemes import horovod_note, memory_table, table
+    from kit.ddp.memory import memory_table
+    from kit.ddp.schemes import horovod_note, table
     return [table(x), memory_table(x), horovod_note(x)]
 
 
 def _ddp_lab(x: dict) -> list[str]:
+    from kit.checks import markdown
     from kit.ddp.lab import claims, table, timeline_text
     from kit.ddp.schemes import horovod_note
-    assert x["claims"] == [[list(c) for c in claims(run)] for run in x["runs"]], "results/ddp_lab.json's claims"
-    return ([table(run) for run in x["runs"]] + [text for run in x["runs"] for _, _, text in claims(run)]
+    assert x["claims"] == [[c.as_dict() for c in claims(run)] for run in x["runs"]], "results/ddp_lab.json's claims"
+    return ([table(run) for run in x["runs"]] + [markdown(claims(run)) for run in x["runs"]]
             + [horovod_note(run) for run in x["runs"]] + [timeline_text(run) for run in x["runs"]])
 
 

@@ -2,8 +2,9 @@
 correctness, memory and bytes per rank → results/ddp.json, results/ddp.png, docs/benchmarks/ddp.md."""
 from __future__ import annotations
 
+from kit import checks, env
 from kit.comm import costmodel
-from kit.ddp import schemes
+from kit.ddp import lessons, memory, schemes
 
 SETTINGS = {
     "tiny": dict(cfg=dict(sizes=(16, 32, 32, 4), batch=8, reps=2), buckets=(256, 4096), alpha_beta=False),
@@ -27,18 +28,14 @@ def bench(out_dir, quick: bool = False, tiny: bool = False, cluster=None):
 
 
 def summary(x: dict) -> str:
-    """The one-line summary of a run (the benchmark's last line)."""
+    """The one-line summary of a run (the benchmark's last line): step times, then the lessons' checks."""
     s, N = schemes.by_scheme(x), x["N"]
-    buckets = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
-    best = min(buckets, key=lambda r: r["step_ms"])
+    many, few = lessons.bucket_extremes(x)
     ddp, fp16 = schemes.first(x, "ddp"), schemes.first(x, "ddp_fp16")
-    ok = all(r["ok"] for r in x["rows"] if r["ok"] is not None)
-    return (f"ddp: N={N} gloo engines, MLP K={x['K']:,} B in {x['tensors']} tensors: every scheme equals one-process "
-            f"SGD on the {N}x batch: {ok}; step ms: compute only {s['local']['step_ms']:.1f}, naive "
-            f"{s['naive']['step_ms']:.1f}, overlap {s['overlap']['step_ms']:.1f}, buckets best "
-            f"{best['step_ms']:.1f} at {costmodel.human(int(best['scheme'].split(':')[1]))}, DDP {ddp['step_ms']:.1f}, "
-            f"DDP fp16 {fp16['step_ms']:.1f}, Horovod {s['horovod']['step_ms']:.1f}, ZeRO {s['zero']['step_ms']:.1f}, "
-            f"FSDP2 {s['fsdp']['step_ms']:.1f}; "
-            f"fp16 hook hands {fp16['handed'] / ddp['handed']:.2f}x DDP's bytes; state per rank (1/N = "
-            f"{1 / N:.3f}): ZeRO {s['zero']['state_share']:.3f}, FSDP2 {s['fsdp']['state_share']:.3f}")
-
+    return (f"ddp: N={N} gloo engines, MLP K={x['K']:,} B in {x['tensors']} tensors; step ms: compute only "
+            f"{s['local']['step_ms']:.1f}, naive {s['naive']['step_ms']:.1f}, overlap {s['overlap']['step_ms']:.1f}, "
+            f"buckets {few['step_ms']:.1f} at {costmodel.human(int(few['scheme'].split(':')[1]))}, DDP "
+            f"{ddp['step_ms']:.1f}, DDP fp16 {fp16['step_ms']:.1f}, Horovod {s['horovod']['step_ms']:.1f}, ZeRO-1 "
+            f"{s['zero']['step_ms']:.1f}, FSDP2 {s['fsdp']['step_ms']:.1f}; peak state per rank (1/N = {1 / N:.3f}): "
+            f"ZeRO-1 {memory.peak_share(s['zero'], x['K']):.3f}, FSDP2 {memory.peak_share(s['fsdp'], x['K']):.3f}; "
+            f"checks {checks.summary_line(lessons.all_checks(x, env.cpu_cores()))}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from kit import checks
 from kit.ddp import lab, schemes
 
 SETTINGS = {"tiny": dict(ns=(2,), cfg=dict(sizes=(16, 32, 32, 4), batch=8, reps=2)), "quick": dict(ns=(2, 3)),
@@ -28,19 +29,16 @@ def bench(out_dir, quick: bool = False, tiny: bool = False):
     fig.tight_layout()
     fig.savefig(out_dir / "ddp_lab_timeline.png", dpi=90, bbox_inches="tight")
     plt.close(fig)
-    return {"runs": xs, "claims": [[list(c) for c in lab.claims(x)] for x in xs]}, summary(xs, time.time() - t0)
+    return {"runs": xs, "claims": [[c.as_dict() for c in lab.claims(x)] for x in xs]}, summary(xs, time.time() - t0)
 
 
 def summary(xs: list[dict], seconds: float) -> str:
-    """The one-line summary of a run over several N (the benchmark's last line)."""
+    """The one-line summary of a run over several N (the benchmark's last line): step times, then the checks."""
     parts = []
     for x in xs:
-        c = {name: (held, text) for name, held, text in lab.claims(x)}
         p = {k: v["ms"] for k, v in x["paired"].items()}
         parts.append(f"N={x['N']}: compute {p['local']:.1f} ms, comm {p['comm']:.1f}, naive {p['naive']:.1f}, "
                      f"overlap {p['overlap']:.1f} ({p['overlap'] / max(p['local'], p['comm']):.2f}x max), DDP "
                      f"{schemes.first(x, 'ddp')['step_ms']:.1f}, Horovod "
-                     f"{schemes.by_scheme(x)['horovod']['step_ms']:.1f}; checks "
-                     + ", ".join(f"{k} {'held' if h else 'FAILED'}" for k, (h, _) in c.items()))
+                     f"{schemes.by_scheme(x)['horovod']['step_ms']:.1f}; checks {checks.summary_line(lab.claims(x))}")
     return f"ddp_lab at {xs[0]['rate']}: " + "; ".join(parts) + f"; {seconds:.0f} s"
-

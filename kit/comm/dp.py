@@ -4,8 +4,9 @@ sharded step; the bytes each scheme hands to its collectives, counted, and what 
     handles = naive_allreduce_hooks(model)          # each gradient summed (and averaged) the moment it is ready
     sync = Overlap(model);  ...backward()...;  sync.finish();  opt.step()      # async, wait before the step
     sync = Buckets(model, bucket_bytes=1 << 20)     # the same, one flat allreduce per bucket (as DDP does)
-    opt = ZeroSGD(model.parameters(), lr, momentum) # reduce-scatter, update the own shard, all-gather (ZeRO-2)
+    opt = ZeroSGD(model.parameters(), lr, momentum) # reduce-scatter, update the own shard, all-gather (ZeRO-1)
     with counting() as calls: ...                   # every collective call and the bytes it was handed
+    with PeakMeter(model, opt) as peak: ...         # the most state bytes this rank held at once during a step
 
 Each class is a few dozen lines on torch.distributed (any backend; the notebook uses Gloo on the CPU). DDP's design
 is Li et al., "PyTorch Distributed" (VLDB 2020); ZeRO is Rajbhandari et al. (SC 2020). The hooks assume one backward
@@ -143,12 +144,14 @@ def _record(name: str, full_bytes: int):
 
 
 class ZeroSGD:
-    """SGD with momentum, ZeRO-2 style, on the two phases of notebook 03's ring (kit.comm.ring): scatter-reduce the
-    flat gradient (padded to a multiple of N), after which rank r holds the summed chunk (r + 1) % N; keep momentum
-    for that shard alone and update that shard of the parameters; allgather the shards into every rank's full copy.
-    Per rank: full parameters, 1/N of the gradient (the full .grad is freed after the step) and 1/N of the
-    optimizer state; on the wire, (N-1)/N·K per phase: an allreduce's bytes. (torch.distributed's reduce-scatter
-    on Gloo is an allreduce with the rest thrown away, twice the bytes: pytorch/pytorch#118911.)"""
+    """SGD with momentum, ZeRO-1 style (the optimizer state sharded), on the two phases of notebook 03's ring
+    (kit.comm.ring): scatter-reduce the flat gradient (padded to a multiple of N), after which rank r holds the
+    summed chunk (r + 1) % N; keep momentum for that shard alone and update that shard of the parameters; allgather
+    the shards into every rank's full copy. Per rank: full parameters, the full gradient while backward runs (and a
+    full flat copy of it while the step reduces it), 1/N of the optimizer state: ZeRO-1, not ZeRO-2, which would
+    reduce-scatter bucket by bucket during backward and keep only its 1/N of the gradient (PeakMeter measures the
+    difference). On the wire, (N-1)/N·K per phase: an allreduce's bytes. (torch.distributed's reduce-scatter on
+    Gloo is an allreduce with the rest thrown away, twice the bytes: pytorch/pytorch#118911.)"""
 
     def __init__(self, params, lr: float, momentum: float = 0.0, piece_bytes: int = 4 * 2**20):
         import torch
@@ -164,6 +167,7 @@ class ZeroSGD:
         self.grad_shard = torch.zeros_like(self.momentum)
         self.state = {"shard": {"momentum_buffer": self.momentum}}       # what torch's optimizers call state
         self.link, self.piece = Link(f"rank {self.rank}"), max(1, piece_bytes // self.momentum.element_size())
+        self.meter = None                                                # a PeakMeter sees the step's flat buffers
 
     def _flat(self, tensors):
         import torch
@@ -180,6 +184,8 @@ class ZeroSGD:
         from kit.comm.ring import allgather, scatter_reduce
         mine = slice(self.lo, self.lo + self.shard)
         grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
+        if self.meter:
+            self.meter.probe(grads)                                      # .grad and its flat copy, both alive
         if self.world > 1:
             scatter_reduce(grads, self.rank, self.world, self.link, self.piece)   # ZeRO: ring phase 1, my shard summed
         _record("reduce_scatter", grads.numel() * grads.element_size())
@@ -187,6 +193,8 @@ class ZeroSGD:
         del grads                                                        # the rest of the sum is not kept
         self.momentum.mul_(self.mu).add_(self.grad_shard)                # torch.optim.SGD's momentum rule
         full = self._flat([p.detach() for p in self.params])
+        if self.meter:
+            self.meter.probe(full)
         full[mine].add_(self.momentum, alpha=-self.lr)                   # update my shard only
         if self.world > 1:
             allgather(full, self.rank, self.world, self.link, self.piece)    # ZeRO: ring phase 2, every shard to all
@@ -216,6 +224,39 @@ def held_bytes(model, optimizer) -> dict:
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
     return {"params": nbytes(params), "grads": nbytes([p.grad for p in params]) +
             nbytes([getattr(optimizer, "grad_shard", None)]), "optimizer": nbytes(state)}
+
+
+class PeakMeter:
+    """Within `with PeakMeter(model, opt) as peak:` (one training step), measure what this rank holds (held_bytes)
+    after each gradient lands during backward, when the context ends, and at the optimizer's own probes of its
+    temporary flat buffers (ZeroSGD); keep the largest total: `peak.peak` = {params, grads, optimizer, temporary,
+    total}. It counts the state ZeRO's formulas count, not activations, nor buffers inside DDP or FSDP2."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.opt, self.peak = model, optimizer, {"total": -1}
+
+    def __enter__(self):
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.handles = [p.register_post_accumulate_grad_hook(lambda p: self.probe()) for p in params]
+        if hasattr(self.opt, "meter"):
+            self.opt.meter = self
+        self.probe()
+        return self
+
+    def probe(self, *temporary):
+        """Measure now; `temporary`: tensors alive now that the model and the optimizer do not hold."""
+        now = {**held_bytes(self.model, self.opt), "temporary": nbytes(temporary)}
+        now["total"] = sum(now.values())
+        if now["total"] > self.peak["total"]:
+            self.peak = now
+
+    def __exit__(self, *exc):
+        self.probe()
+        for h in self.handles:
+            h.remove()
+        if hasattr(self.opt, "meter"):
+            self.opt.meter = None
+        return False
 
 
 COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_single", "all_gather_into_tensor",

@@ -1,9 +1,11 @@
 """Data parallelism from the ring to DDP, ZeRO and FSDP (notebook 05), as kit.mnist is notebook 04's: the schemes'
-experiment on the engines (schemes), the same on lab hosts with each lesson checked (lab), torchrun across hosts
+experiment on the engines (schemes), what each rank holds at its peak against ZeRO's formulas
+(memory), the same on lab hosts with each lesson checked (lab), torchrun across hosts
 (torchrun). Its figures are kit.plots.ddp's."""
 from kit.ddp.schemes import (
-    CFG, all_schemes, by_scheme, experiment, first, horovod_note, make_model, batch, max_diff, memory_table,
-    reference, setup, table)
+    CFG, all_schemes, by_scheme, experiment, first, horovod_note, make_model, batch, max_diff, reference, setup,
+    table)
+from kit.ddp.memory import memory_table
 from kit import _lazy_submodules
 
 __getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())

@@ -2,7 +2,7 @@
 one engine on each host of a kit.netlab lab, links shaped to `rate`, the bytes counted on each host's NIC.
 
     x = experiment(cluster)       # on a gloo cluster whose engines sit on lab hosts (one per host)
-    claims(x)                     # each lesson checked on the run: [(name, held, sentence from the numbers)]
+    claims(x)                     # each lesson checked on the run: [kit.checks.Check]
     table(x)                      # step time and bytes on the wire per scheme against the ring model
     kit.plots.ddp.plot_overlap_step(x)  # the median overlapped step
 
@@ -14,7 +14,8 @@ step's allreduces of K bytes need at least 2(N−1)/N·K/B on the wire. What the
             cores free;
   fp16      DDP's fp16 compress hook halves the bytes each NIC sends;
   bytes     what each NIC sends per step is the ring model's 2(N−1)/N per allreduced byte (headers included);
-  memory    FSDP2 holds 1/N of the parameters, gradients and momentum; ZeRO-2 1/N of the gradients and momentum;
+  memory    at its peak during a step, FSDP2 (ZeRO-3) holds 1/N of the parameters, gradients and momentum, and
+            ZeRO-1 its formula's share (kit.ddp.memory);
   fsdp bytes  FSDP2's bytes against the ring model with Gloo's reduce-scatter counted as the allreduce it is.
 """
 from __future__ import annotations
@@ -23,15 +24,17 @@ import time
 
 import numpy as np
 
+from kit.checks import Check
 from kit.ddp import schemes
+from kit.ddp.memory import memory_checks
 from kit.comm import dp
 
 SCHEMES = ["local", "naive", "overlap", f"buckets:{4 << 20}", f"ddp:{schemes.DDP_BUCKET}",
            f"ddp_fp16:{schemes.DDP_BUCKET}", "horovod", "zero", "fsdp"]
 CFG = dict(reps=15, nic=True)     # on top of kit.ddp.schemes.CFG (its model and batch): NIC counters on
 # What the checks allow: the overlapped step within 15% of max(compute, comm); fp16 bytes 0.5 within 3%; NIC bytes
-# within 3% of the ring model; held state within 20% of 1/N.
-OVERLAP_SLACK, BYTES_TOL, MEMORY_TOL = 0.15, 0.03, 0.20
+# within 3% of the ring model (the memory checks' bound: kit.ddp.memory).
+OVERLAP_SLACK, BYTES_TOL = 0.15, 0.03
 SLEEP_S = 0.004                   # the sleep added to each Linear's backward in the `*_sleep` rounds
 
 
@@ -144,54 +147,78 @@ def experiment(cluster, cfg: dict | None = None, names: list[str] | None = None,
     return x
 
 
-def claims(x: dict) -> list[tuple[str, bool, str]]:
-    """Each lesson checked on the run: (name, held, a sentence from the run's numbers)."""
-    s, N, out = schemes.by_scheme(x), x["N"], []
+def claims(x: dict) -> list[Check]:
+    """Each lesson of section 8 checked on the run (kit.checks.Check): overlap, fp16, bytes, fsdp bytes, and the
+    memory checks of kit.ddp.memory when the run measured peaks."""
+    return [overlap_check(x), fp16_check(x), bytes_check(x), fsdp_bytes_check(x), *memory_checks(x)]
+
+
+def overlap_check(x: dict) -> Check:
+    """The overlapped step within OVERLAP_SLACK of max(compute, comm), read from the interleaved rounds."""
     p = {k: v["ms"] for k, v in x["paired"].items()}
     local, fwd, opt, comm, naive, over = p["local"], p["forward"], p["step"], p["comm"], p["naive"], p["overlap"]
     held = over <= (1 + OVERLAP_SLACK) * max(local, comm)
     hidden, hidden_sleep = local + comm - over, p["local_sleep"] + comm - p["overlap_sleep"]
     bwd = local - fwd - opt                  # only backward can overlap the allreduces: forward and the step cannot
     best = fwd + max(bwd, comm) + opt
-    text = (f"compute alone {local:.1f} ms, the allreduces alone {comm:.1f} ms "
-            f"({x['paired']['comm']['range'][0]:.0f}–{x['paired']['comm']['range'][1]:.0f} over the rounds): naive "
-            f"step {naive:.1f} ms, overlapped {over:.1f} ms = {over / max(local, comm):.2f}× max(compute, comm) "
-            f"(allowed {1 + OVERLAP_SLACK:.2f}×). The forward pass ({fwd:.1f} ms) runs before any gradient exists "
-            f"and the optimizer's step ({opt:.1f} ms) after the last allreduce, so no step can beat forward + "
-            f"max(backward, comm) + step = {best:.1f} ms; the overlapped step took {over / best:.2f}× that, and "
-            + _hid(hidden, min(bwd, comm)))
+    lo, hi = x["paired"]["comm"]["range"]
+    detail = (f"Compute alone {local:.1f} ms, the allreduces alone {comm:.1f} ms ({lo:.0f}–{hi:.0f} over the "
+              f"rounds), naive step {naive:.1f} ms. The forward pass ({fwd:.1f} ms) runs before any gradient exists "
+              f"and the optimizer's step ({opt:.1f} ms) after the last allreduce, so no step can beat forward + "
+              f"max(backward, comm) + step = {best:.1f} ms; the overlapped step took {over / best:.2f}× that, and "
+              + _hid(hidden, min(bwd, comm)))
+    reason = ""
     if not held:
         could = min(p["local_sleep"] - fwd - opt, comm)
-        text += (f". With a {1e3 * SLEEP_S:.0f} ms sleep added to each layer's backward (a longer backward that "
-                 f"leaves the cores free: {p['local_sleep']:.1f} ms alone): " + _hid(hidden_sleep, could)
-                 + (": here the cores, not the method, were missing; compute and the allreduces' threads share "
-                    "them" if hidden_sleep >= max(0.5 * could, hidden + 0.25 * could) else
-                    ": even with free cores it hid less than half, so the cores alone do not explain this run"
-                    if hidden_sleep > 0 else ""))
-    out.append(("overlap", held, text))
+        reason = (_hid(hidden, min(bwd, comm)) + f"; with a {1e3 * SLEEP_S:.0f} ms sleep added to each layer's "
+                  f"backward (a longer backward that leaves the cores free: {p['local_sleep']:.1f} ms alone) "
+                  + _hid(hidden_sleep, could)
+                  + (": here the cores, not the method, were missing; compute and the allreduces' threads share "
+                     "them" if hidden_sleep >= max(0.5 * could, hidden + 0.25 * could) else
+                     ": even with free cores it hid less than half, so the cores alone do not explain this run"
+                     if hidden_sleep > 0 else ""))
+    return Check("overlap", measured=f"overlapped step {over:.1f} ms = {over / max(local, comm):.2f}× max(compute, "
+                 "comm)", bound=f"≤ {1 + OVERLAP_SLACK:.2f}×", held=held, reason=reason, detail=detail)
+
+
+def fp16_check(x: dict) -> Check:
+    """DDP's fp16 compress hook halves the bytes each NIC sends, within BYTES_TOL."""
     ddp, fp16 = schemes.first(x, "ddp"), schemes.first(x, "ddp_fp16")
-    ratio = float(np.mean(fp16["nic_tx"]) / np.mean(ddp["nic_tx"]))
-    out.append(("fp16", abs(ratio - 0.5) <= BYTES_TOL * 0.5,
-                f"each NIC sent {np.mean(fp16['nic_tx']):,.0f} bytes per step with the fp16 hook, "
-                f"{np.mean(ddp['nic_tx']):,.0f} without: {ratio:.3f}× (half: 0.500 ± {BYTES_TOL * 0.5:.3f})"))
+    with_hook, without = float(np.mean(fp16["nic_tx"])), float(np.mean(ddp["nic_tx"]))
+    ratio = with_hook / without
+    held = abs(ratio - 0.5) <= BYTES_TOL * 0.5
+    return Check("fp16", measured=f"{ratio:.3f}× DDP's bytes on each NIC", bound=f"0.500 ± {BYTES_TOL * 0.5:.3f}",
+                 held=held, reason="" if held else f"each NIC sent {with_hook:,.0f} bytes per step with the hook "
+                 f"against {without:,.0f} without, not half",
+                 detail=f"Each NIC sent {with_hook:,.0f} bytes per step with the fp16 hook, {without:,.0f} without")
+
+
+def bytes_check(x: dict) -> Check:
+    """Every allreduce scheme's (and ZeRO's) NIC bytes within BYTES_TOL of the ring model."""
     ring = [r for r in x["rows"] if r["sent"] and r["scheme"] != "fsdp"]
     worst = max(ring, key=lambda r: abs(wire_ratio(r) - 1))
     off = wire_ratio(worst) - 1
-    out.append(("bytes", abs(off) <= BYTES_TOL,
-                f"every allreduce scheme's and ZeRO's NIC bytes per step within {100 * abs(off):.1f}% of the ring "
-                f"model (worst: {worst['label']}, {1 + off:.3f}×; allowed ±{100 * BYTES_TOL:.0f}%)"))
-    f = s["fsdp"]
-    gloo = gloo_bytes(f, N)
-    out.append(("fsdp bytes", abs(max(f["nic_tx"]) / gloo - 1) <= BYTES_TOL,
-                f"FSDP2 sent {wire_ratio(f):.2f}× the ring model's 3(N−1)/N·K: Gloo's reduce-scatter is an allreduce "
-                f"whose other chunks are dropped (pytorch/pytorch#118911), so its gradients cost 2(N−1)/N·K, not "
-                f"(N−1)/N·K; counted that way, {max(f['nic_tx']) / gloo:.3f}× (NCCL's reduce-scatter is a real one)"))
-    z = s["zero"]
-    zero_sharded = (z["held"]["grads"] + z["held"]["optimizer"]) / (2 * x["K"])
-    out.append(("memory", abs(f["state_share"] * N - 1) <= MEMORY_TOL and abs(zero_sharded * N - 1) <= MEMORY_TOL,
-                f"FSDP2 holds {f['state_share']:.3f} of the full state and ZeRO-2 {zero_sharded:.3f} of the gradients "
-                f"and momentum, against 1/N = {1 / N:.3f} (allowed ±{100 * MEMORY_TOL:.0f}%)"))
-    return out
+    held = abs(off) <= BYTES_TOL
+    return Check("bytes", measured=f"the worst scheme ({worst['label']}) sent {1 + off:.3f}× the ring model",
+                 bound=f"1 ± {BYTES_TOL:.2f}", held=held, reason="" if held else
+                 f"{worst['label']}'s busiest NIC sent {max(worst['nic_tx']):,.0f} bytes per step against the ring "
+                 f"model's {worst['sent']:,.0f}",
+                 detail=f"Every allreduce scheme's and ZeRO's NIC bytes per step within {100 * abs(off):.1f}% of the "
+                 f"ring model's 2(N−1)/N per allreduced byte")
+
+
+def fsdp_bytes_check(x: dict) -> Check:
+    """FSDP2's NIC bytes against the ring model with Gloo's reduce-scatter counted as the allreduce it is."""
+    f = schemes.by_scheme(x)["fsdp"]
+    gloo = gloo_bytes(f, x["N"])
+    ratio = max(f["nic_tx"]) / gloo
+    held = abs(ratio - 1) <= BYTES_TOL
+    return Check("fsdp bytes", measured=f"{ratio:.3f}× the ring model with Gloo's reduce-scatter as an allreduce",
+                 bound=f"1 ± {BYTES_TOL:.2f}", held=held, reason="" if held else
+                 f"FSDP2's busiest NIC sent {max(f['nic_tx']):,.0f} bytes per step against {gloo:,.0f}",
+                 detail=f"FSDP2 sent {wire_ratio(f):.2f}× the ring model's 3(N−1)/N·K: Gloo's reduce-scatter is an "
+                 "allreduce whose other chunks are dropped (pytorch/pytorch#118911), so its gradients cost "
+                 "2(N−1)/N·K, not (N−1)/N·K (NCCL's reduce-scatter is a real one)")
 
 
 def _hid(ms: float, could: float) -> str:

@@ -1,7 +1,7 @@
 """From the ring to DDP and ZeRO (notebook 05; `python -m kit.bench ddp` runs it at benchmark size).
 
     x = experiment(cluster, cfg={"reps": 10})   # every scheme on the engines: step time, correctness, memory, bytes
-    table(x), memory_table(x)                   # what the notebook shows and docs/benchmarks/ddp.md holds
+    table(x)                                    # what the notebook shows and docs/benchmarks/ddp.md holds
     kit.plots.ddp.plot_schemes(x)               # its figure
 
 The schemes: `local` (no communication: the compute alone), the learner's `naive`, `overlap` and `buckets:<bytes>`
@@ -31,7 +31,7 @@ TOL_FLOAT32 = 1e-5
 LABELS = {"local": "compute only (no communication)", "naive": "naive: one allreduce per gradient",
           "overlap": "overlap: async, wait before step", "buckets": "buckets", "ddp": "DDP",
           "ddp_fp16": "DDP + fp16 compress hook", "horovod": "Horovod DistributedOptimizer (tensor fusion)",
-          "zero": "ZeRO-2 (reduce-scatter, all-gather)",
+          "zero": "ZeRO-1 (reduce-scatter, all-gather)",
           "fsdp": "FSDP2 fully_shard"}
 
 
@@ -147,7 +147,7 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
     out = []
     for name in names:
         model, opt, finish = setup(name, make_model(cfg), cfg)
-        seconds, calls, c0 = [], [], None
+        seconds, calls, c0, peak = [], [], None, None
         for step in range(steps):
             x, y = batch(cfg, step, rank, world)
             if step == cfg["warmup"] and cfg.get("nic"):   # on lab hosts: the NIC's counters around the timed steps
@@ -155,16 +155,20 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
                 c0 = counters()
             dist.barrier()
             t0 = time.perf_counter()
-            with dp.counting() if step == cfg["warmup"] - 1 else _nothing() as seen:   # a warmed-up step
+            measured = step == cfg["warmup"] - 1                                         # a warmed-up step
+            with dp.counting() if measured else _nothing() as seen, \
+                    dp.PeakMeter(model, opt) if measured else _nothing() as meter:
                 train_step(model, opt, finish, x, y)
             seconds.append(time.perf_counter() - t0)
             calls = seen if seen is not None else calls
+            peak = meter.peak if meter is not None else peak
         nic = None
         if c0 is not None:
             dist.barrier()
             nic = {k: (v - c0[k]) / cfg["reps"] for k, v in counters().items()}     # bytes per timed step
         out.append({"scheme": name, "seconds": seconds[cfg["warmup"]:], "calls": calls, "nic": nic,
-                    "held": dp.held_bytes(model, opt), "err": max_diff(model, ref)})
+                    "held": dp.held_bytes(model, opt), "peak": peak,
+                    "err": max_diff(model, ref)})
     return out
 
 
@@ -213,7 +217,8 @@ def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
            "err": err, "ok": None if kind == "local" else err <= TOL.get(kind, TOL_FLOAT32),
            "calls": len(calls), "handed": sum(b for _, b in calls), "sent": dp.sent_per_step(calls, N),
            "handed_by": {c: sum(b for name, b in calls if name == c) for c, _ in calls},
-           "held": held, "state_share": sum(held.values()) / (3 * K)}
+           "held": held, "state_share": sum(held.values()) / (3 * K),
+           "peak": max((r["peak"] for r in ranks), key=lambda p: p["total"])}
     if ranks[0].get("nic"):                        # lab hosts: what each host's NIC sent and received per step
         row["nic_tx"], row["nic_rx"] = [r["nic"]["tx"] for r in ranks], [r["nic"]["rx"] for r in ranks]
     if ab is not None and calls and all(c == "all_reduce" for c, _ in calls):
@@ -260,15 +265,3 @@ def horovod_note(x: dict) -> str:
                 "negotiates with every rank each cycle, and here it shares the cores with the engines; this run "
                 "does not separate the two.")
     return out
-
-
-def memory_table(x: dict) -> str:
-    """The markdown table of what each rank holds (largest over ranks), against the full replicated state."""
-    out = ["| scheme | params B | grads B | optimizer state B | share of params + grads + momentum |",
-           "|---|---:|---:|---:|---:|"]
-    for r in x["rows"]:
-        if r["scheme"].partition(":")[0] in ("naive", "ddp", "zero", "fsdp"):
-            h = r["held"]
-            out.append(f"| {r['label']} | {h['params']:,} | {h['grads']:,} | {h['optimizer']:,} | "
-                       f"{r['state_share']:.3f} |")
-    return "\n".join(out)

@@ -1,0 +1,89 @@
+"""Notebook 05's lessons on the engines (sections 4–7), each checked on a run of kit.ddp.schemes.experiment as a
+kit.checks.Check; notebook 05 and `python -m kit.bench ddp` render them with kit.checks.
+
+    display(Markdown(kit.checks.markdown(sweep_checks(x, os.cpu_count()))))   # buckets, the α–β model, overlap
+"""
+from __future__ import annotations
+
+from kit.checks import Check
+from kit.ddp.memory import memory_checks
+from kit.ddp.schemes import by_scheme, first
+
+MODEL_FACTOR = 2.0       # the α–β model explains the bucket sweep when measured/model saving is within 2× either way
+
+
+def bucket_extremes(x: dict) -> tuple[dict, dict]:
+    """Return the bucket rows with the most and the fewest allreduces per step."""
+    rows = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
+    return max(rows, key=lambda r: r["calls"]), min(rows, key=lambda r: r["calls"])
+
+
+def correct_check(x: dict) -> Check:
+    """Every scheme ended with one process's weights on the N× batch (within its tolerance)."""
+    rows = [r for r in x["rows"] if r["ok"] is not None]
+    worst = max(rows, key=lambda r: r["err"])
+    wrong = [r["label"] for r in rows if not r["ok"]]
+    return Check("correct", measured=f"largest max |w − w_ref| {worst['err']:.1e} ({worst['label']})",
+                 bound="1e-5 for float32 schemes, 1e-3 with the fp16 hook", held=not wrong,
+                 reason=f"{', '.join(wrong)} did not end with one process's weights" if wrong else "",
+                 detail=f"Every one of the {len(rows)} communicating schemes was compared with one process trained "
+                 "on the N× batch")
+
+
+def buckets_check(x: dict) -> Check:
+    """Fewer, larger messages make the step faster: the bucket size with the fewest allreduces beats the most."""
+    many, few = bucket_extremes(x)
+    held = few["step_ms"] < many["step_ms"]
+    return Check("buckets", measured=f"{many['calls']} → {few['calls']} allreduces per step: {many['step_ms']:.1f} → "
+                 f"{few['step_ms']:.1f} ms", bound="fewer messages, a shorter step", held=held,
+                 reason="" if held else f"{few['label']} took {few['step_ms']:.1f} ms against {many['label']}'s "
+                 f"{many['step_ms']:.1f}", detail=f"Compute alone: {by_scheme(x)['local']['step_ms']:.1f} ms")
+
+
+def model_check(x: dict, cores: int) -> Check:
+    """The α–β model explains the bucket sweep: the measured saving within MODEL_FACTOR of the model's."""
+    many, few = bucket_extremes(x)
+    saved, model_saved = many["step_ms"] - few["step_ms"], many["model_comm_ms"] - few["model_comm_ms"]
+    ratio = saved / model_saved if model_saved > 0 else float("nan")
+    held = model_saved > 0 and 1 / MODEL_FACTOR <= ratio <= MODEL_FACTOR
+    return Check("α–β model", measured=f"measured saving {saved:.1f} ms = {ratio:.2f}× the model's {model_saved:.1f} "
+                 "ms", bound=f"within {MODEL_FACTOR:g}× either way", held=held, reason="" if held else
+                 f"{x['N']} processes share {cores} cores, so each message also waits for its receiver to be "
+                 "scheduled, which the ping-pong between two processes measures only in part",
+                 detail=f"With α = {x['alpha_s'] * 1e6:.0f} µs and B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s "
+                 f"(ping-pong on this job), the model puts a step's allreduces at {many['model_comm_ms']:.1f} ms "
+                 f"with {many['calls']} messages and {few['model_comm_ms']:.1f} ms with {few['calls']}: "
+                 f"{many['calls'] - few['calls']} fewer messages × 2(N−1)·α (the bytes are the same)")
+
+
+def overlap_check(x: dict, cores: int) -> Check:
+    """Overlapping the allreduces with backward makes the step faster than the naive hooks."""
+    s = by_scheme(x)
+    naive, over = s["naive"]["step_ms"], s["overlap"]["step_ms"]
+    held = over < naive
+    return Check("overlap", measured=f"naive {naive:.1f} ms, overlapped {over:.1f} ms per step",
+                 bound="overlapped < naive", held=held, reason="" if held else
+                 f"with {x['N']} engines on {cores} cores no core is free for Gloo's thread to run beside backward",
+                 detail=f"Overlap saved {naive - over:.1f} ms" if held else "")
+
+
+def fp16_check(x: dict) -> Check:
+    """DDP's fp16 compress hook hands half the bytes to its allreduces."""
+    ddp, fp16 = first(x, "ddp"), first(x, "ddp_fp16")
+    ratio = fp16["handed"] / ddp["handed"]
+    held = abs(ratio - 0.5) <= 0.01
+    return Check("fp16 bytes", measured=f"the hook handed {ratio:.2f}× DDP's bytes", bound="0.50 ± 0.01", held=held,
+                 reason="" if held else f"{fp16['handed']:,} bytes against DDP's {ddp['handed']:,}",
+                 detail=f"Step {ddp['step_ms']:.1f} ms without the hook, {fp16['step_ms']:.1f} ms with it; its "
+                 f"weights within {fp16['err']:.1e} of one process (without: {ddp['err']:.1e})")
+
+
+def sweep_checks(x: dict, cores: int) -> list[Check]:
+    """Section 4's lessons: buckets, the α–β model, overlap."""
+    has_model = all("model_comm_ms" in r for r in bucket_extremes(x))        # α and B measured on this run
+    return [buckets_check(x), *([model_check(x, cores)] if has_model else []), overlap_check(x, cores)]
+
+
+def all_checks(x: dict, cores: int) -> list[Check]:
+    """Every lesson of sections 4–7 on one run: correctness, the sweep, fp16, memory at its peak."""
+    return [correct_check(x), *sweep_checks(x, cores), fp16_check(x), *memory_checks(x)]

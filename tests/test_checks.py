@@ -1,0 +1,193 @@
+"""kit.checks (a lesson checked on a run, as a value, and its one renderer) and every check of notebook 05
+(kit.ddp.lessons, kit.ddp.memory, kit.ddp.lab): each is forced to fail on a recorded run and its rendering read:
+"did not hold … because …". Pure Python on the committed results/ddp.json and results/ddp_lab.json."""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from kit import checks
+from kit.checks import Check
+from kit.ddp import lab, lessons, memory
+
+RESULTS = Path(__file__).parent.parent / "results"
+
+
+def _ddp_run() -> dict:
+    """The committed `python -m kit.bench ddp` run, with a peak on the ZeRO-1 and FSDP2 rows at their formulas
+    (a run recorded before PeakMeter has none)."""
+    x = copy.deepcopy(json.loads((RESULTS / "ddp.json").read_text()))
+    N, K = x["N"], x["K"]
+    for r in x["rows"]:
+        kind = r["scheme"].partition(":")[0]
+        if kind in ("zero", "fsdp"):
+            shard = K // N
+            parts = {"params": K if kind == "zero" else shard, "grads": K if kind == "zero" else shard,
+                     "optimizer": shard, "temporary": 0}
+            r["peak"] = {**parts, "total": sum(parts.values())}
+    return x
+
+
+def _lab_run(N: int = 3) -> dict:
+    """A recorded run of `python -m kit.bench ddp_lab` (the committed results), to force each check both ways."""
+    doc = json.loads((RESULTS / "ddp_lab.json").read_text())
+    return copy.deepcopy(next(x for x in doc["runs"] if x["N"] == N))
+
+
+def _one(found: list[Check], name: str) -> Check:
+    return next(c for c in found if c.name == name)
+
+
+def _failed(c: Check) -> str:
+    """Render a check that must have failed; return its Markdown after reading the verdict in both renderings."""
+    text = checks.markdown([c])
+    assert not c.held and "did not hold on this run" in text and f"because {c.reason}" in text, text
+    assert f"{c.name} did not hold because {c.reason}" in checks.summary_line([c])
+    return text
+
+
+# ----------------------------------------------------------------------------------- the renderer
+def test_a_check_renders_held_or_did_not_hold_because():
+    ok = Check("fp16", measured="0.502× DDP's bytes", bound="0.500 ± 0.015", held=True, detail="1,000 bytes")
+    bad = Check("bytes", measured="1.10× the ring model", bound="1 ± 0.03", held=False, reason="headers doubled")
+    text = checks.markdown([ok, bad])
+    assert text.splitlines() == [
+        "- **fp16** held: 0.502× DDP's bytes (bound: 0.500 ± 0.015). 1,000 bytes.",
+        "- **bytes** (**did not hold**) did not hold on this run: 1.10× the ring model (bound: 1 ± 0.03), because "
+        "headers doubled."]
+    assert checks.summary_line([ok, bad]) == "held: fp16; bytes did not hold because headers doubled"
+    assert checks.from_dict(bad.as_dict()) == bad
+
+
+def test_a_failed_check_without_a_reason_is_refused():
+    with pytest.raises(ValueError, match="check 'x' did not hold: give its reason"):
+        Check("x", measured="1", bound="2", held=False)
+
+
+# ----------------------------------------------------------------------------------- sections 4-7 (kit.ddp.lessons)
+def test_every_lesson_holds_or_fails_on_the_recorded_run_as_its_numbers_say():
+    x = _ddp_run()
+    found = lessons.all_checks(x, cores=2)
+    assert [c.name for c in found] == ["correct", "buckets", "α–β model", "overlap", "fp16 bytes", "ZeRO-1 memory",
+                                       "FSDP2 memory"]
+    assert _one(found, "correct").held and _one(found, "fp16 bytes").held and _one(found, "FSDP2 memory").held
+
+
+def test_the_correct_check_fails_when_a_scheme_ends_with_other_weights():
+    x = _ddp_run()
+    row = next(r for r in x["rows"] if r["scheme"] == "overlap")
+    row["ok"], row["err"] = False, 0.5
+    assert "overlap: async, wait before step did not end with one process's weights" in _failed(
+        lessons.correct_check(x))
+
+
+def test_the_bucket_check_fails_when_fewer_messages_are_slower():
+    x = _ddp_run()
+    many, few = lessons.bucket_extremes(x)
+    few["step_ms"] = many["step_ms"] + 5
+    assert f"{few['label']} took {few['step_ms']:.1f} ms" in _failed(lessons.buckets_check(x))
+
+
+def test_the_model_check_fails_when_the_saving_is_far_from_the_models():
+    x = _ddp_run()
+    many, few = lessons.bucket_extremes(x)
+    few["step_ms"] = many["step_ms"] - 0.1 * (many["model_comm_ms"] - few["model_comm_ms"])   # 0.1× the model
+    assert "processes share 7 cores" in _failed(lessons.model_check(x, cores=7))
+
+
+def test_the_overlap_and_fp16_checks_fail_when_their_numbers_say_so():
+    x = _ddp_run()
+    rows = {r["scheme"]: r for r in x["rows"]}
+    rows["overlap"]["step_ms"] = rows["naive"]["step_ms"] + 1
+    assert "no core is free for Gloo's thread" in _failed(lessons.overlap_check(x, cores=2))
+    fp16 = next(r for r in x["rows"] if r["scheme"].startswith("ddp_fp16:"))
+    fp16["handed"] *= 2
+    _failed(lessons.fp16_check(x))
+
+
+def test_the_memory_check_fails_when_a_sharded_schemes_peak_exceeds_one_nth():
+    x = _ddp_run()
+    fsdp = next(r for r in x["rows"] if r["scheme"] == "fsdp")
+    fsdp["peak"]["grads"] = x["K"]                        # the full gradient alive at once: not ZeRO-3
+    fsdp["peak"]["total"] = sum(v for k, v in fsdp["peak"].items() if k != "total")
+    text = _failed(_one(memory.memory_checks(x), "FSDP2 memory"))
+    assert "the gradients were 1.00× K" in text and "where the formula has K/N" in text
+
+
+def test_zero1s_memory_check_fails_when_its_step_holds_a_full_flat_copy():
+    x = _ddp_run()
+    zero = next(r for r in x["rows"] if r["scheme"] == "zero")
+    zero["peak"]["temporary"] = x["K"]                     # ZeroSGD.step's flat gradient beside .grad
+    zero["peak"]["total"] += x["K"]
+    assert "the temporaries 1.00× K" in _failed(_one(memory.memory_checks(x), "ZeRO-1 memory"))
+
+
+def test_the_memory_table_puts_each_zero_stage_beside_its_formula():
+    x = _ddp_run()
+    rows = memory.memory_table(x).splitlines()[2:]
+    assert len(rows) == 4 and "not implemented here" in rows[2]         # stage 2: formula only
+    assert f"| 3 | + parameters (FSDP) | {1 / x['N']:.3f} |" in rows[3]
+    assert memory.formula(1, 4) == pytest.approx((2 + 0.25) / 3) and memory.formula(3, 4) == 0.25
+
+
+# ----------------------------------------------------------------------------------- section 8 (kit.ddp.lab)
+def test_the_overlap_check_reads_the_interleaved_rounds_and_says_why_it_failed():
+    x = _lab_run()
+    p = x["paired"]
+    for k, ms in {"local": 20.0, "forward": 4.0, "step": 2.0, "comm": 60.0, "naive": 80.0, "overlap": 68.0}.items():
+        p[k]["ms"] = ms
+    c = lab.overlap_check(x)
+    text = checks.markdown([c])
+    assert c.held and "68.0 ms = 1.13× max(compute, comm)" in text and "hid 12.0 of the 14.0 ms" in text
+    assert "forward + max(backward, comm) + step = 66.0 ms; the overlapped step took 1.03× that" in text
+    p["overlap"]["ms"] = 79.0                               # nothing hidden: compute + comm
+    p["local_sleep"]["ms"], p["overlap_sleep"]["ms"] = 22.0, 67.0          # with free cores: 15 of 16 ms hidden
+    text = _failed(lab.overlap_check(x))
+    assert "1.32× max" in text
+    assert "the overlap hid 15.0 of the 16.0 ms it could hide: here the cores, not the method" in text
+    p["overlap_sleep"]["ms"] = 77.0                         # free cores hid 5 of 16 ms: not the reason
+    text = _failed(lab.overlap_check(x))
+    assert "the overlap hid 5.0 of the 16.0 ms it could hide: even with free cores it hid less than half" in text
+    assert "the cores, not the method" not in text
+    p["overlap_sleep"]["ms"] = 87.0                         # not even with free cores: no reason claimed
+    text = _failed(lab.overlap_check(x))
+    assert "nothing was hidden (the overlapped step took 5.0 ms more" in text
+    assert "the cores, not the method" not in text
+
+
+def test_the_wire_checks_hold_on_the_recorded_run_and_fail_when_the_bytes_are_off():
+    x = _lab_run()
+    assert [c.name for c in lab.claims(x)][:4] == ["overlap", "fp16", "bytes", "fsdp bytes"]
+    assert all(c.held for c in lab.claims(x) if c.name != "overlap")
+    rows = {r["scheme"]: r for r in x["rows"]}
+    fp16 = next(r for s, r in rows.items() if s.startswith("ddp_fp16:"))
+    fp16["nic_tx"] = [b * 1.1 for b in fp16["nic_tx"]]       # 0.55× DDP's bytes: not half
+    assert "not half" in _failed(lab.fp16_check(x))
+    x = _lab_run()
+    rows = {r["scheme"]: r for r in x["rows"]}
+    rows["zero"]["nic_tx"] = [b * 1.05 for b in rows["zero"]["nic_tx"]]
+    text = _failed(lab.bytes_check(x))
+    assert "ZeRO" in text and "1.05" in text
+    f = rows["fsdp"]                                        # Gloo: every reduce-scatter costs an allreduce
+    assert lab.gloo_bytes(f, 3) > 1.3 * f["sent"] and abs(max(f["nic_tx"]) / lab.gloo_bytes(f, 3) - 1) < 0.03
+    f["nic_tx"] = [b * 1.2 for b in f["nic_tx"]]
+    assert "FSDP2's busiest NIC sent" in _failed(lab.fsdp_bytes_check(x))
+
+
+def test_the_timeline_sentence_says_what_ran_during_backward():
+    from kit.plots.ddp import plot_overlap_step
+    x = _lab_run()
+    x["paired"]["comm"]["ms"] = 40.0
+    x["timeline"] = {"rank": 2, "forward": 2.0, "backward": 6.0, "summed": 50.0, "end": 52.0, "allreduces": [
+        {"bytes": 40, "launched": 2.5, "done": 5.0}, {"bytes": 589824, "launched": 3.0, "done": 30.0},
+        {"bytes": 393216, "launched": 5.5, "done": 50.0}]}
+    text = lab.timeline_text(x)
+    assert "forward ended at 2.0 ms and backward at 6.0 ms, its hooks having launched all 3 allreduces" in text
+    assert "the first (40 bytes), launched at 2.5 ms, was done at 5.0 ms, and 1 of the 3 were done before" in text
+    assert "the last was done at 50.0 ms, and the step ended at 52.0 ms" in text
+    assert "took 47.5 ms beside the compute, 1.19× the 40.0 ms they took alone" in text
+    ax = plot_overlap_step(x)
+    assert len(ax.get_yticks()) == 3 + 2
+    import matplotlib.pyplot as plt
+    plt.close(ax.figure)
