@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ SCRIPT = str(REPO / "scripts" / "train_keras_mnist.py")
 TINY = ["--dataset", "digits", "--train-samples", "512", "--batch-size", "32", "--threads", "1"]
 needs_root = pytest.mark.requires_root
 CHILD_ENV = dict(os.environ, PYTHONPATH=str(REPO))
+pytestmark = [pytest.mark.lab, pytest.mark.engines]      # labs, and the jobs and probes they run
 
 
 def assert_clean():
@@ -86,14 +88,6 @@ def test_without_sshd_the_error_names_the_package(monkeypatch, tmp_path):
     with pytest.raises(netlab.LabError, match="apt-get install -y openssh-server"):
         netlab.start(2)
     assert_clean()
-
-
-def test_bad_arguments_get_clear_errors():
-    with pytest.raises(netlab.LabError, match="1 to 200"):
-        netlab.start(hosts=0)
-    with pytest.raises(netlab.LabError, match="unit"):
-        netlab.start(hosts=2, rate="fast")
-    assert netlab.parse_rate("1gbit") == 1e9 and netlab.parse_rate("12.5mbps") == 1e8
 
 
 # ------------------------------------------------------------------------------------------ life cycle
@@ -222,6 +216,101 @@ def test_labs_of_processes_with_different_temp_dirs_are_not_swept(tmp_path, no_l
             other.kill()
             other.wait()
     assert_clean()
+
+
+# ---------------------------------------------------------------------------- a stopped lab, another user
+STALE = r"this lab \(kitlab{id}, started at \d\d:\d\d:\d\d\) was stopped at \d\d:\d\d:\d\d; start a new one " \
+        r"with kit.netlab.start\(\)"
+STALE_CALLS = {                          # every public method of a Lab but stop(), called as a user would
+    "__enter__": lambda lab: lab.__enter__(), "ns": lambda lab: lab.ns("h1"), "addr_of": lambda lab: lab.addr_of("h1"),
+    "veth": lambda lab: lab.veth("h1"), "exec_cmd": lambda lab: lab.exec_cmd("h1", "true"),
+    "job_pids": lambda lab: lab.job_pids(), "jobs_left": lambda lab: lab.jobs_left(0),
+    "kill_jobs": lambda lab: lab.kill_jobs(), "keep": lambda lab: lab.keep([1]),
+    "on_stop": lambda lab: lab.on_stop(print),
+    "set_rate": lambda lab: lab.set_rate("1mbit"), "cut": lambda lab: lab.cut("h1"),
+    "restore": lambda lab: lab.restore("h2"), "ssh": lambda lab: lab.ssh("h1", "true"),
+    "launch": lambda lab: lab.launch("h1", ["true"]), "launch_env": lambda lab: lab.launch_env(),
+    "horovodrun_args": lambda lab: lab.horovodrun_args(), "mpi_args": lambda lab: lab.mpi_args(),
+    "measure_rate": lambda lab: lab.measure_rate("h1", "h2", 1),
+}
+
+
+def link_state(lab) -> dict[str, str]:
+    """Return each host's link as this machine sees it: its state and its shaper's rate (both ends)."""
+    out = {}
+    for i, h in enumerate(lab.hosts):
+        veth, ns = lab.veth(h), lab.ns(h)
+        out[h] = (netlab.run("ip", "-o", "link", "show", veth).stdout.split("state ")[1].split()[0],
+                  netlab.run("tc", "qdisc", "show", "dev", veth).stdout.split(" rate ")[1].split()[0],
+                  netlab.run("tc", "-n", ns, "qdisc", "show", "dev", "eth0").stdout.split(" rate ")[1].split()[0])
+    return out
+
+
+@needs_root
+@pytest.mark.timeout(180)
+def test_a_stopped_lab_refuses_everything_and_its_successor_is_untouched(no_leaks):
+    public = {n for n in dir(netlab.Lab) if callable(getattr(netlab.Lab, n)) and not n.startswith("_")} - {"stop"}
+    assert public | {"__enter__"} == set(STALE_CALLS), "a public method of Lab that this test does not call"
+    old = netlab.start(hosts=2)
+    old.stop()
+    old.stop()                                                  # a second stop does nothing
+    with netlab.start(hosts=2, rate="100mbit") as new:
+        assert new.id == old.id and new.bridge == old.bridge    # the successor got the same number and names
+        job = new.launch("h1", ["sleep", "300"])       # a job of the new lab's: old.kill_jobs() must spare it
+        deadline = time.time() + 60
+        while not new.job_pids()["h1"] and time.time() < deadline:
+            time.sleep(0.2)
+        sshd, jobs, links = [p.pid for p in new._sshd.values()], new.job_pids(), link_state(new)
+        for name, call in STALE_CALLS.items():
+            with pytest.raises(netlab.LabError, match=STALE.format(id=old.id)):
+                call(old)
+        assert "stopped at" in repr(old)
+        assert link_state(new) == links and links["h1"][0] != "DOWN" and links["h1"][1] == "100Mbit", links
+        assert new.job_pids() == jobs and jobs["h1"] and all(psutil.pid_exists(p) for p in sshd)
+        assert new.ssh("h2", "hostname").stdout == "h2\n"
+        # a Lab whose token is not in the owner record (another process's lab of the same number) refuses too
+        impostor = netlab.Lab(new.id, 2, "1gbit", new.dir, token="not-this-labs")
+        with pytest.raises(netlab.LabError, match="is no longer registered"):
+            impostor.cut("h1")
+        assert link_state(new) == links
+        new.kill_jobs()
+        job.wait(timeout=30)
+    assert_clean()
+
+
+OTHER = 65534
+AS_OTHER = ["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups"]
+
+
+@needs_root
+@pytest.mark.timeout(180)
+def test_another_users_lab_folders_do_not_block_start(monkeypatch, no_leaks):
+    """Issue 50: uid 65534 made 64 folders kitlab0-... to kitlab63-... in the temp dir, each with an owner.json
+    naming a live process of its own; labs trusted them, and start() said "64 labs are running already"."""
+    from conftest import SYSTEM_TMP
+    shared = tempfile.mkdtemp(prefix="kit-test-shared-", dir=SYSTEM_TMP)      # every user writes here, as in /tmp
+    os.chmod(shared, 0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", shared)
+    sleeper = subprocess.Popen([*AS_OTHER, "sleep", "600"])                  # setpriv execs it: the same pid
+    try:
+        deadline = time.time() + 30
+        while "sleep" not in open(f"/proc/{sleeper.pid}/cmdline", "rb").read().decode() and time.time() < deadline:
+            time.sleep(0.05)
+        start = open(f"/proc/{sleeper.pid}/stat").read().rsplit(")", 1)[1].split()[19]
+        fakes = [os.path.join(shared, f"kitlab{n}-fake") for n in range(netlab.MAX_LABS)]
+        script = "".join(f"mkdir {d} && echo '{json.dumps({'pid': sleeper.pid, 'start': start, 'dir': d})}' "
+                         f"> {d}/owner.json && " for d in fakes) + "true"
+        subprocess.run([*AS_OTHER, "sh", "-c", script], check=True, timeout=60)
+        with netlab.start(hosts=1) as lab:
+            assert lab.ssh("h1", "hostname").stdout == "h1\n"
+            assert os.path.dirname(lab.dir) == os.path.join(shared, "kit-scratch-0")   # in root's private root
+        assert all(os.lstat(d).st_uid == OTHER and os.path.exists(f"{d}/owner.json") for d in fakes)  # untouched
+        assert sleeper.poll() is None                                # the other user's process was not killed
+        assert_clean()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        shutil.rmtree(shared)
 
 
 # ------------------------------------------------------------------------------------ rate, cut, restore
