@@ -1,6 +1,7 @@
 """Shared fixtures: every test that starts processes must leave none behind; the suite leaves no temp files."""
-import inspect
+import contextlib
 import os
+import platform
 import re
 import shutil
 import tempfile
@@ -114,22 +115,12 @@ def lab_leftovers() -> dict[str, list]:
     return {"resources": sorted(i for i in res.items() if i[0] not in foreign), "processes": procs}
 
 
-# ------------------------------------------------------------------ tiers: markers from what a test uses
+# ------------------------------------------------------------------ tiers: written in each test file
 # `make test` runs every tier this machine can run; `make test-fast` deselects the marked ones (docs/testing.md).
-TIERS = {
-    "notebook": "a notebook cell run by nbval",
-    "browser": "drives JupyterLab in headless Chromium (selenium)",
-    "gpu": "needs an NVIDIA GPU (tests/gpu, make test-gpu)",
-    "lab": "emulated hosts: kit.netlab's network namespaces (root)",
-    "engines": "starts engines, a Horovod/MPI/torch.distributed job or a benchmark run (seconds to minutes)",
-}
-# What in a test's source (or its fixtures') puts it in a tier; checked in this order, a test gets every match.
-USES = {
-    "browser": re.compile(r"selenium|webdriver|chromedriver"),
-    "lab": re.compile(r"netlab\.start|\blab_fixture\b|\bwith_lab\b|kit\.bench network|run_on_lab"),
-    "engines": re.compile(r"\bstart\(|ipp\.Cluster|horovodrun|mpirun|mpiexec|run_script|bench\.main|\"kit\.bench\"|"
-                          r"Popen|subprocess\.run|spawn|no_leaks|cluster\d?\b|launch\("),
-}
+# A test file declares its tier after its imports (`pytestmark = pytest.mark.engines`, or per test where a file
+# mixes tiers); a test with none of these markers is in the fast tier, and the guard below proves, by running it,
+# that it starts nothing. Only the notebook tier (nbval's cells, collected from notebooks/) is applied here.
+TIERS = ("notebook", "browser", "gpu", "lab", "engines")     # registered, with what each means, in pyproject.toml
 ROOT_REASON = ("needs root: kit.netlab makes network namespaces, and memory cgroups need root too (CI runs as root; "
                "locally: sudo make test, or Docker with --cap-add NET_ADMIN --cap-add SYS_ADMIN)")
 
@@ -143,24 +134,102 @@ def pytest_configure(config):
     # The notebooks run every cell at a smoke size under the suite (their parameter cells read it; the committed
     # outputs are the full-size run). `KIT_SMOKE=0 make test` runs them at full size.
     os.environ.setdefault("KIT_SMOKE", "1")
-    for name, what in TIERS.items():
-        config.addinivalue_line("markers", f"{name}: {what}")
-    config.addinivalue_line("markers", f"requires_root: {ROOT_REASON}")
 
 
-def _source(obj) -> str:
+# ------------------------------------------------------------------ the fast tier's guard
+class UnmarkedStart(pytest.fail.Exception):
+    """A test without a tier marker started a process, a lab or a browser. A pytest failure (a BaseException) so
+    that the code under test's `except Exception` cannot swallow it."""
+
+
+# platform.processor() (which TensorFlow and the kit's machine facts ask) runs `uname -p` once per process and
+# caches it: asked here, before any test, so that importing a framework in a fast test starts nothing.
+platform.processor()
+
+
+def tier(item) -> str | None:
+    """Return the first tier marker `item` carries (None: the fast tier)."""
+    return next((name for name in TIERS if item.get_closest_marker(name)), None)
+
+
+_DOING: list[str] = []      # what a wrapped kit entry point (kit.cluster.start, kit.netlab.start) is starting
+
+
+def _refuse(what: str, mark: str = "engines"):
+    """Return a stand-in that raises UnmarkedStart for `what` (or for what a wrapped kit call is starting)."""
+    def refuse(*args, **kwargs):
+        started, fix = (_DOING[-1], ("lab" if "lab" in _DOING[-1] else "engines")) if _DOING else (what, mark)
+        cmd = kwargs.get("args", args[1] if what == "a subprocess" and len(args) > 1 else None)
+        shown = "" if cmd is None else f" ({(cmd if isinstance(cmd, (str, bytes)) else ' '.join(map(str, cmd)))!s:.80})"
+        others = "/".join(t for t in ("engines", "lab", "browser") if t != fix)
+        raise UnmarkedStart(f"this test has no tier marker but started {started}{shown}: mark it "
+                            f"pytest.mark.{fix} (or {others}; docs/testing.md)")
+    return refuse
+
+
+def _labelled(fn, label: str):
+    """Wrap kit entry point `fn` so that a process it starts is reported as `label`."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _DOING.append(label)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _DOING.pop()
+    return wrapper
+
+
+def _guard(mp: pytest.MonkeyPatch):
+    """Make every way of starting a process, a lab or a browser raise UnmarkedStart (undone by `mp`)."""
+    import importlib
+    import multiprocessing.process
+    import multiprocessing.util
+    import subprocess
+    mp.setattr(subprocess.Popen, "__init__", _refuse("a subprocess"))     # run, check_output, os.popen, asyncio
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):  # os.spawn*, pty.fork use os.fork
+        if hasattr(os, name):
+            mp.setattr(os, name, _refuse(f"a process (os.{name})"))
+    mp.setattr(multiprocessing.process.BaseProcess, "start", _refuse("a multiprocessing process"))
+    mp.setattr(multiprocessing.util, "spawnv_passfds", _refuse("a multiprocessing helper process"))
+    for module, attr, label in (("kit.cluster", "start", "engines (kit.cluster.start)"),
+                                ("kit.cluster.core", "start", "engines (kit.cluster.start)"),
+                                ("kit.netlab", "start", "a lab (kit.netlab.start)"),
+                                ("kit.netlab.lab", "start", "a lab (kit.netlab.start)")):
+        mod = importlib.import_module(module)
+        mp.setattr(mod, attr, _labelled(getattr(mod, attr), label))
+    import ipyparallel
+    for name in ("start_controller", "start_engines"):
+        mp.setattr(ipyparallel.Cluster, name, _refuse("ipyparallel engines (ipyparallel.Cluster)"))
     try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return ""
+        from selenium.webdriver.remote.webdriver import WebDriver
+    except ImportError:
+        return
+    mp.setattr(WebDriver, "__init__", _refuse("a browser (selenium webdriver)", "browser"))
 
 
-def _uses(item) -> str:
-    """The source of a test function and of every fixture it uses (directly or through other fixtures)."""
-    parts = [_source(getattr(item, "function", None))]
-    for defs in getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {}).values():
-        parts += [_source(d.func) for d in defs if not d.func.__module__.startswith(("_pytest", "pytest"))]
-    return "\n".join(parts)
+@contextlib.contextmanager
+def _guarded(item):
+    """Run a fast-tier test's setup or call under the guard; a test with a tier runs as it is."""
+    if tier(item):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        _guard(mp)
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _guarded(item):        # fixtures too: a module-scoped one that starts engines is set up here
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _guarded(item):
+        return (yield)
 
 
 UI_TEST = "test_notebook_00_runs_clean_in_jupyterlab"   # runs notebook 00 in JupyterLab, checked cells compared
@@ -173,9 +242,10 @@ def _browser_here() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its tiers (from what it uses); notebook cells get nbval's 900 s cell timeout; tests that
-    need root say so and are skipped for a plain user (never in CI, which is root). Notebook 00 runs once: where
-    the JupyterLab test is selected and can run (or must: root), nbval leaves it to that test."""
+    """Mark notebook cells (the notebook tier; nbval's 900 s cell timeout): every other test's tier is written in
+    its file. Tests that need root say so and are skipped for a plain user (never in CI, which is root). Notebook
+    00 runs once: where the JupyterLab test is selected and can run (or must: root), nbval leaves it to that
+    test."""
     if any(item.name == UI_TEST for item in items) and (_browser_here() or is_root()):
         nb00 = [item for item in items if type(item).__name__ == "IPyNbCell"
                 and item.path.name == "00_environment.ipynb"]
@@ -188,12 +258,6 @@ def pytest_collection_modifyitems(config, items):
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(900))
             continue
-        if "tests/gpu/" in str(item.path).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.gpu)
-        text = _uses(item)
-        for tier, pattern in USES.items():
-            if pattern.search(text) and not item.get_closest_marker(tier):
-                item.add_marker(getattr(pytest.mark, tier))
         if item.get_closest_marker("requires_root") and not is_root():
             item.add_marker(pytest.mark.skip(reason=ROOT_REASON))
 
@@ -205,10 +269,14 @@ def pytest_collection_modifyitems(config, items):
 # longest), then files and notebooks in collection order.
 # (pytest-xdist's own --dist loadgroup cannot do this here: under pytest 9 its xdist_group marks do not reach the
 # scheduler, whose node ids it rewrites, so each test of a group went its own way.)
+LAB_MARK = re.compile(r"pytest\.mark\.lab\b")     # the controller does not collect: it reads the files' markers
+
+
 def _lab_files(root: str) -> set[str]:
+    """Return the test files that mark any test `lab` (paths relative to `root`)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     return {os.path.relpath(os.path.join(tests, f), root) for f in os.listdir(tests)
-            if f.startswith("test_") and f.endswith(".py") and USES["lab"].search(open(os.path.join(tests, f)).read())}
+            if f.startswith("test_") and f.endswith(".py") and LAB_MARK.search(open(os.path.join(tests, f)).read())}
 
 
 @pytest.hookimpl(optionalhook=True)

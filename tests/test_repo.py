@@ -1,5 +1,5 @@
 """The repository's own rules: the linter passes, one Python floor said the same way everywhere, `make clean`
-removes what the build makes, and the tiers `make test-fast` deselects are the ones the conftest applies."""
+removes what the build makes, and the tiers `make test-fast` deselects are the ones the conftest registers."""
 import re
 import shutil
 import subprocess
@@ -7,12 +7,15 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import conftest
 
 REPO = Path(__file__).resolve().parents[1]
 FLOOR = (3, 11)
 
 
+@pytest.mark.engines        # ruff in a subprocess
 def test_the_linter_passes():
     """ruff, configured in pyproject.toml; RUF100 makes each `# noqa` name a rule it really silences."""
     p = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "kit", "tests", "scripts"], cwd=REPO,
@@ -34,6 +37,7 @@ def test_one_python_floor_everywhere():
     assert sys.version_info >= FLOOR
 
 
+@pytest.mark.engines        # make in a subprocess
 def test_make_clean_removes_what_the_build_makes(tmp_path):
     """`make clean` in a copy: the venv, metadata, caches go; the sources stay."""
     copy = tmp_path / "repo"
@@ -48,7 +52,7 @@ def test_make_clean_removes_what_the_build_makes(tmp_path):
     assert (copy / "kit" / "comm" / "ring.py").exists() and (copy / "Makefile").exists()
 
 
-def test_test_fast_deselects_exactly_the_tiers_the_conftest_applies():
+def test_test_fast_deselects_exactly_the_tiers_the_conftest_registers():
     makefile = (REPO / "Makefile").read_text()
     fast = re.search(r"^test-fast:.*?-m \"not \((.*?)\)\"", makefile, re.M | re.S).group(1)
     assert set(fast.split(" or ")) == set(conftest.TIERS)

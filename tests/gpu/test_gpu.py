@@ -11,7 +11,7 @@ import pytest
 
 import kit
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.gpu, pytest.mark.engines, pytest.mark.timeout(600)]     # engines on the GPUs
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
