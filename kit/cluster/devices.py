@@ -6,7 +6,7 @@ from collections import Counter
 
 from kit.cluster.launchers import ClusterError
 
-DEVICES = ("auto", "cpu", "gpu")
+from kit.cluster.checks import DEVICES
 
 
 def plan_devices(gpus: list[str], local_size: int, devices: str = "auto",

@@ -95,6 +95,31 @@ def engine_init_process_group(init_method, timeout, backend="gloo"):
     return {"rank": dist.get_rank(), "size": dist.get_world_size(), "sum": t.item()}
 
 
+# ----------------------------------------------------------------------------------- the engines' environment
+def engine_env(slot, *, gpus: list[str], threads: int, timeout: float, folder: str = "") -> dict[str, str]:
+    """Return the environment one engine needs before it imports any framework (folder: the cluster's scratch
+    folder, where its TMPDIR and stall watch live). Whole-second settings get the timeout rounded up
+    (kit.cluster.checks.whole_seconds: 0.5 s gives 1 s, never Horovod's 0)."""
+    from kit import env as kit_env
+    from kit.cluster import stall
+    from kit.cluster.checks import whole_seconds
+    env = {
+        "KIT_RANK": slot.rank, "KIT_SIZE": slot.size, "KIT_LOCAL_RANK": slot.local_rank,
+        "KIT_LOCAL_SIZE": slot.local_size, "KIT_TIMEOUT": whole_seconds(timeout), "PYTHONUNBUFFERED": 1,
+        **kit_env.FRAMEWORK_ENV,
+        # n engines share the cores: each framework gets cores / local_size intra-op threads.
+        "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads,
+        # One GPU per process, chosen by local rank (set before any framework sees the devices): inside the
+        # engine that GPU is device 0. No GPUs in the plan: the engine sees none and runs on the CPU.
+        "CUDA_VISIBLE_DEVICES": gpus[slot.local_rank % len(gpus)] if gpus else "",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": whole_seconds(timeout),
+        **stall.horovod_env(whole_seconds(timeout)),
+    }
+    if folder:
+        env.update(TMPDIR=os.path.join(folder, "tmp"), KIT_STALL_DIR=os.path.join(folder, "stall"))
+    return {k: str(v) for k, v in env.items()}
+
+
 # ----------------------------------------------------------------------------------- the notebook side
 def in_ipython() -> bool:
     """Return whether this process is an IPython kernel or shell."""
@@ -207,15 +232,19 @@ def output_files(ipp_cluster) -> dict[int, str]:
     return files
 
 
-def last_output(path: str, lines: int = 12) -> str:
-    """Return the end of an engine's output file (from `output_files`), indented, ipyparallel's own log lines left
-    out; after a crash, the lines just before Python's fault handler's report (C++'s "terminate called ..."), the
-    report and the crashing thread's stack (engine_setup points the fault handler at this file, so the report is
-    whole once the process is gone); "" without a file."""
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")     # IPython's colours in the tracebacks an engine prints
+
+
+def last_output(path: str, lines: int = 12, since: int = 0) -> str:
+    """Return the end of an engine's output file (from `output_files`) from byte `since` on (where the file ended
+    when the engine's last task was sent: an earlier task's error is not this one's), indented, without colours
+    and ipyparallel's own log lines; after a crash, the lines just before Python's fault handler's report (C++'s
+    "terminate called ..."), the report and the crashing thread's stack (engine_setup points the fault handler at
+    this file, so the report is whole once the process is gone); "" without a file."""
     try:
         with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - 64_000))
-            text = f.read().decode(errors="replace")
+            f.seek(max(since, os.path.getsize(path) - 64_000))
+            text = _ANSI.sub("", f.read().decode(errors="replace"))
     except OSError:
         return ""
     out = [line for line in text.rstrip().splitlines() if not _IPP_LOG.match(line)]

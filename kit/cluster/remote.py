@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from kit import scratch
 from kit.cluster import engines
+from kit.cluster.checks import Hosts
 from kit.cluster.launchers import LOCALHOST, ClusterError, GlooLauncher, MPILauncher, gloo_env
 
 KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds `kit`
@@ -72,9 +73,9 @@ def parse_hosts(hosts: str, n: int, ip: str) -> dict[str, int]:
 
 
 
-def launcher_for(backend: str, hosts, n: int, ip: str, mpiexec: str | None):
+def launcher_for(backend: str, hosts: str | Hosts, n: int, ip: str, mpiexec: str | None):
     """Return ({host: slots}, the address servers bind, the launcher) for engines on `hosts`: horovodrun's
-    "server1:4,server2:4" (with ip=), or a kit.netlab lab (n // len(lab.hosts) engines on each host)."""
+    "server1:4,server2:4" (with ip=), or a kit.netlab lab or other Hosts (n // len(lab.hosts) engines on each)."""
     how = None
     if not isinstance(hosts, str):
         hosts, ip, how = from_lab(hosts, n)
@@ -82,7 +83,7 @@ def launcher_for(backend: str, hosts, n: int, ip: str, mpiexec: str | None):
     return slots, ip, REMOTE_LAUNCHERS[backend](hosts=slots, ip=ip, mpiexec=mpiexec, remote=how)
 
 
-def from_lab(lab, n: int) -> tuple[str, str, Remote]:
+def from_lab(lab: Hosts, n: int) -> tuple[str, str, Remote]:
     """Return (hosts "h1:2,h2:2", the address servers bind, how to reach the hosts) for n engines on a lab."""
     k, extra = divmod(n, len(lab.hosts))
     if extra or not k:
