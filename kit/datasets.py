@@ -34,7 +34,11 @@ class DatasetError(RuntimeError):
 
 @dataclass
 class Dataset:
-    """Images as uint8 (N, 28, 28), labels as int64 (N,), plus where they came from."""
+    """Images as uint8 (N, 28, 28), labels as int64 (N,) class numbers 0..9, plus where they came from.
+
+    The constructor checks and converts what it is given (check_images, check_labels): pixels must be whole numbers
+    in 0..255 (any integer or float dtype), labels whole numbers 0..9 of shape (N,); a DatasetError says what is
+    wrong otherwise (float images in 0..1 would all become 0, values above 255 would wrap around)."""
     name: str
     source: str
     x_train: np.ndarray
@@ -42,9 +46,69 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
 
+    def __post_init__(self):
+        for split in ("train", "test"):
+            x = check_images(self.source, f"x_{split}", getattr(self, f"x_{split}"))
+            y = check_labels(self.source, f"y_{split}", getattr(self, f"y_{split}"))
+            if len(x) != len(y):
+                raise DatasetError(f"{self.source}: {split}: {len(x)} images but {len(y)} labels; expected one "
+                                   "label per image")
+            setattr(self, f"x_{split}", x)
+            setattr(self, f"y_{split}", y)
+
     def __repr__(self):
         return (f"<Dataset {self.name}: {len(self.x_train)} train / {len(self.x_test)} test images "
                 f"{self.x_train.shape[1:]} from {self.source}>")
+
+
+CLASSES = 10
+SHAPE = (28, 28)
+
+
+def check_images(source: str, key: str, x) -> np.ndarray:
+    """Return images `x` as uint8 (N, 28, 28), or raise DatasetError naming `source`, `key` and what is wrong."""
+    x = np.asarray(x)
+    where = f"{source}: {key}"
+    if x.dtype.kind not in "uif":
+        raise DatasetError(f"{where}: dtype {x.dtype} is not allowed: uint8 pixels (or any integer or float dtype "
+                           "holding whole numbers 0..255)")
+    if x.ndim != 3 or x.shape[1:] != SHAPE:
+        raise DatasetError(f"{where}: shape {x.shape} is not allowed: (N, 28, 28) images")
+    if not len(x):
+        raise DatasetError(f"{where}: no images (N = 0): a data set needs at least one image per split")
+    if x.dtype.kind == "f" and not np.isfinite(x).all():
+        raise DatasetError(f"{where}: NaN or infinite pixels are not allowed: whole numbers 0..255")
+    lo, hi = x.min(), x.max()
+    whole = x.dtype.kind != "f" or bool((x == np.round(x)).all())
+    if x.dtype.kind == "f" and 0 <= lo and hi <= 1 and not whole:
+        raise DatasetError(f"{where}: float images with values in 0..1 (max {hi:.3g}) would all become 0 as uint8: "
+                           "multiply by 255 first (np.round(x * 255)); pixels are whole numbers 0..255")
+    if lo < 0 or hi > 255:
+        raise DatasetError(f"{where}: values {lo:g}..{hi:g} do not fit 0..255 (uint8 pixels would wrap around): "
+                           "rescale them to 0..255")
+    if not whole:
+        raise DatasetError(f"{where}: float images with fractions (e.g. {x.flat[np.argmax(x != np.round(x))]:g}) "
+                           "are not allowed: round them to whole numbers 0..255")
+    return x.astype(np.uint8)
+
+
+def check_labels(source: str, key: str, y) -> np.ndarray:
+    """Return labels `y` as int64 (N,) class numbers 0..9, or raise DatasetError naming what is wrong."""
+    y = np.asarray(y)
+    where = f"{source}: {key}"
+    if y.ndim == 2 and y.shape[1] == CLASSES and y.size and np.isin(y, (0, 1)).all():
+        raise DatasetError(f"{where}: shape {y.shape} looks one-hot: labels are class numbers 0..9 of shape (N,): "
+                           "pass y.argmax(1)")
+    if y.ndim != 1:
+        raise DatasetError(f"{where}: shape {y.shape} is not allowed: (N,) class numbers 0..9 (for (N, 1) pass "
+                           "y.ravel())")
+    if y.dtype.kind not in "uif" or (y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.round(y)).all())):
+        raise DatasetError(f"{where}: dtype {y.dtype}{' with fractions' if y.dtype.kind == 'f' else ''} is not "
+                           "allowed: whole class numbers 0..9")
+    if len(y) and (y.min() < 0 or y.max() >= CLASSES):
+        raise DatasetError(f"{where}: labels {y.min():g}..{y.max():g} are not allowed: class numbers "
+                           f"0..{CLASSES - 1}")
+    return y.astype(np.int64)
 
 
 def data_dirs() -> list[Path]:
@@ -61,7 +125,7 @@ def read_mnist_npz(path: Path) -> Dataset:
     except Exception as e:
         raise DatasetError(f"{path} is not a readable mnist.npz ({type(e).__name__}: {e}); delete it and "
                            f"{HOW_TO_GET_MNIST}") from None
-    return _checked("mnist", str(path), arrays)
+    return checked("mnist", str(path), arrays)
 
 
 def read_idx_gz(path: Path) -> np.ndarray:
@@ -81,7 +145,7 @@ def read_idx_gz(path: Path) -> np.ndarray:
 
 def read_idx_dir(folder: Path, name: str) -> Dataset:
     """Read the four IDX .gz files of an MNIST-format data set in `folder`."""
-    return _checked(name, str(folder), {k: read_idx_gz(folder / f) for k, f in IDX_FILES.items()})
+    return checked(name, str(folder), {k: read_idx_gz(folder / f) for k, f in IDX_FILES.items()})
 
 
 def load_digits_28() -> Dataset:
@@ -111,8 +175,11 @@ def download_mnist(dest: Path, timeout: float = 10.0) -> Path:
 
 def load(name: str = "auto", *, download: bool = True, verbose: bool = True) -> Dataset:
     """Load `name` (auto, mnist, fashion_mnist, digits); 'auto' takes the first available in that order."""
-    if name not in NAMES:
-        raise ValueError(f"unknown data set {name!r}: choose one of {', '.join(NAMES)}")
+    if not isinstance(name, str) or name not in NAMES:
+        raise ValueError(f"kit.datasets.load: name={name!r} is not allowed: one of {', '.join(NAMES)}")
+    for arg, flag in (("download", download), ("verbose", verbose)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"kit.datasets.load: {arg}={flag!r} is not allowed: True or False")
     given = os.environ.get("KIT_DATA_DIR")
     if given and name != "digits" and not Path(given).is_dir():   # a typo must not quietly become "digits"
         raise DatasetError(f"KIT_DATA_DIR={given} is not a folder: create it and put mnist.npz (or mnist/, "
@@ -159,11 +226,6 @@ def _find_idx(name: str) -> Dataset | None:
     return None
 
 
-def _checked(name: str, source: str, a: dict) -> Dataset:
-    for split in ("train", "test"):
-        x, y = a[f"x_{split}"], a[f"y_{split}"]
-        if x.ndim != 3 or x.shape[1:] != (28, 28) or len(x) != len(y):
-            raise DatasetError(f"{source}: {split} images have shape {x.shape} and labels {y.shape}; expected "
-                               "(N, 28, 28) and (N,)")
-    return Dataset(name, source, a["x_train"].astype(np.uint8), a["y_train"].astype(np.int64),
-                   a["x_test"].astype(np.uint8), a["y_test"].astype(np.int64))
+def checked(name: str, source: str, a: dict) -> Dataset:
+    """Return the Dataset of arrays `a` (x_train, y_train, x_test, y_test) read from `source`, checked (Dataset)."""
+    return Dataset(name, source, a["x_train"], a["y_train"], a["x_test"], a["y_test"])

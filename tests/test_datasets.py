@@ -94,5 +94,5 @@ def test_digits_always_available_and_said_loudly(offline, capsys):
 
 
 def test_unknown_name_is_refused():
-    with pytest.raises(ValueError, match="choose one of"):
+    with pytest.raises(ValueError, match="is not allowed: one of auto, mnist, fashion_mnist, digits"):
         datasets.load("cifar10")
