@@ -63,12 +63,23 @@ def test_a_fully_serial_server_never_lets_the_ring_lose():
         assert cm.t_comm_ring(64, K, 50e-6, 125e6) <= cm.t_comm_ps(64, K, 50e-6, 125e6, o=50e-6)
 
 
+def test_a_ring_whose_steps_wait_longer_than_the_link_loses_even_to_a_slow_server():
+    # A ring step that waits 1 ms (its processes scheduled one after another) against a server paying o = 0.4 ms.
+    N, alpha, B, o, a_r = 8, 50e-6, 125e6, 400e-6, 1e-3
+    K_star = cm.crossover_bytes(N, alpha, B, o, alpha_ring=a_r)
+    assert K_star > 0 and cm.crossover_bytes(N, alpha, B, o) == 0
+    assert cm.t_comm_ring(N, K_star, a_r, B) == pytest.approx(float(cm.t_comm_ps(N, K_star, alpha, B, o=o)))
+
+
 def test_fit_latency_recovers_alpha_and_overhead():
     ns = np.array([1, 2, 4, 8])
     alpha, o = cm.fit_latency(ns, 2 * (80e-6 + (ns - 1) * 15e-6))
     assert alpha == pytest.approx(80e-6) and o == pytest.approx(15e-6)
+    assert cm.fit_latency(ns, 2 * (80e-6 + (ns - 1) * 15e-6), alpha=80e-6) == (80e-6, pytest.approx(15e-6))
     with pytest.raises(ValueError, match="two different N"):
         cm.fit_latency([4, 4], [1e-3, 1e-3])
+    with pytest.raises(ValueError, match="some N > 1"):
+        cm.fit_latency([1], [1e-3], alpha=1e-4)
 
 
 def test_latency_share_and_bad_scheme():
@@ -134,5 +145,21 @@ def test_the_lab_runs_latency_fit_reads_alpha_and_o_from_the_smallest_messages()
     rows = [{"impl": "ps", "N": n, "bytes": K, "seconds": float(cm.t_comm_ps(n, K, alpha, B, o=o))} for n in (2, 4, 8)]
     rows += [{"impl": "ring", "N": n, "bytes": K, "seconds": float(cm.t_comm_ring(n, 0, alpha, B))} for n in (2, 4)]
     lat = exchange.latency({"sizes": [K, 1 << 20], "link": {"alpha": alpha, "B": B}, "rows": rows})
-    assert lat["ps_alpha"] == pytest.approx(alpha) and lat["o"] == pytest.approx(o)
+    assert lat["ps_alpha"] == alpha and lat["o"] == pytest.approx(o)     # alpha: the ping-pong's, o fitted
     assert lat["ring_alpha"] == {2: pytest.approx(alpha), 4: pytest.approx(alpha)}
+
+
+def test_exercise_3_grades_the_server_never_wins_as_wrong_when_it_does():
+    from kit.comm.exercises import check_ring_vs_ps
+    alpha, o, B, N = 5e-4, 1e-4, 1.2e8, 64
+    gap = lambda K: cm.t_comm_ps(N, K, alpha, B, o=o) - cm.t_comm_ring(N, K, alpha, B)  # noqa: E731
+    k_star = float(cm.crossover_bytes(N, alpha, B, o))
+    assert check_ring_vs_ps(gap, k_star, True, alpha, o, B, N) == "exercise 3: correct"
+    assert "'the server wins at some K' wrong" in check_ring_vs_ps(gap, k_star, False, alpha, o, B, N)
+    assert "crossover K wrong" in check_ring_vs_ps(gap, 1.1 * k_star, True, alpha, o, B, N)
+    old_gap = lambda K: 2 * alpha + 2 * K / B * (N - (N - 1) / N)  # noqa: E731  the old model's answer
+    assert "t_ps - t_ring wrong" in check_ring_vs_ps(old_gap, k_star, True, alpha, o, B, N)
+    assert check_ring_vs_ps(None, k_star, True, alpha, o, B, N) == "exercise 3: not answered yet"
+    # A server that pays its messages one after another (o = alpha) never wins: then False and 0 are right.
+    serial = lambda K: cm.t_comm_ps(N, K, alpha, B, o=alpha) - cm.t_comm_ring(N, K, alpha, B)  # noqa: E731
+    assert check_ring_vs_ps(serial, 0, False, alpha, alpha, B, N) == "exercise 3: correct"

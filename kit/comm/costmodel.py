@@ -92,12 +92,15 @@ def predict(scheme: str, N, K, alpha, B, k: int = 1, o: float = 0.0):
     return t_comm_ps(N, K, alpha, B, k, o, pipelined=scheme == "ps_pipelined")
 
 
-def crossover_bytes(N, alpha, B, o: float = 0.0) -> float:
+def crossover_bytes(N, alpha, B, o: float = 0.0, alpha_ring: float | None = None) -> float:
     """Return the K below which the ring is slower than one unpipelined server (0: the ring always wins).
-    Equal times: 2(N-1) alpha + 2(N-1)/N K/B = 2 alpha + 2(N-1) o + 2 N K/B, so
-    K* = B ((N-2) alpha - (N-1) o) / (N - (N-1)/N): the ring loses small messages when o < (N-2)/(N-1) alpha."""
+    Equal times: 2(N-1) a_r + 2(N-1)/N K/B = 2 alpha + 2(N-1) o + 2 N K/B, so
+    K* = B ((N-1) a_r - alpha - (N-1) o) / (N - (N-1)/N), where a_r is what each of the ring's messages in
+    sequence pays (`alpha_ring`; alpha where a step waits only for the link): with a_r = alpha the ring loses
+    small messages when o < (N-2)/(N-1) alpha."""
     N = np.asarray(N, dtype=float)
-    return np.maximum(B * ((N - 2) * alpha - (N - 1) * o) / (N - (N - 1) / N), 0.0)
+    a_r = alpha if alpha_ring is None else alpha_ring
+    return np.maximum(B * ((N - 1) * a_r - alpha - (N - 1) * o) / (N - (N - 1) / N), 0.0)
 
 
 def latency_share(scheme: str, N, K, alpha, B, k: int = 1, o: float = 0.0):
@@ -106,14 +109,18 @@ def latency_share(scheme: str, N, K, alpha, B, k: int = 1, o: float = 0.0):
     return 1 - predict(scheme, N, K, 0.0, B, k, 0.0) / total
 
 
-def fit_latency(ns, seconds) -> tuple[float, float]:
+def fit_latency(ns, seconds, alpha: float | None = None) -> tuple[float, float]:
     """Fit an empty PS step t(N) = 2 (alpha + (N-1) o) to measured (N workers, seconds); return (alpha, o).
-    o close to alpha: the server pays its messages one after another (fully serial); o << alpha: latencies
-    overlap and only the per-message overhead is serial."""
-    n, t = np.asarray(ns, float), np.asarray(seconds, float)
+    With `alpha` given (the ping-pong's: one alpha for every N) only o is fitted. o close to alpha: the server
+    pays its messages one after another (fully serial); o << alpha: latencies overlap, only o is serial."""
+    n, t = np.asarray(ns, float) - 1, np.asarray(seconds, float)
+    if alpha is not None:
+        if not n.any():
+            raise ValueError(f"fit_latency needs some N > 1 to fit o, got ns={list(ns)}")
+        return float(alpha), float(np.sum(n * (t - 2 * alpha)) / (2 * np.sum(n * n)))
     if len(set(n.tolist())) < 2:
         raise ValueError(f"fit_latency needs at least two different N, got ns={list(ns)}")
-    slope, intercept = np.polyfit(n - 1, t, 1)
+    slope, intercept = np.polyfit(n, t, 1)
     return float(intercept / 2), float(slope / 2)
 
 

@@ -44,11 +44,17 @@ SCHEME = {"ps": "ps", "byteps": "colocated"}      # the model of each implementa
 # header each, so data headers usually cost far less; the ACKs of the opposite direction remain (a PS worker
 # pulls K while it sends K: its counters show up to 66/1448 of K in ACKs).
 TCP_OVERHEAD_BOUND = 2 * 66 / 1448
-PINGPONG_SIZES = [4, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
+PINGPONG_SMALL, PINGPONG_LARGE = [4, 4 << 10], [1 << 20, 4 << 20, 16 << 20]   # for alpha (many repeats), for B
+SMALL, SMALL_REPS = 64 << 10, 30   # messages up to SMALL bytes are latency-bound and noisy: time them SMALL_REPS times
 KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds `kit`
 
 
 # ----------------------------------------------------------------------------------- on every engine (and server)
+def reps_for(nbytes: int, reps: int) -> int:
+    """Return the timed calls for a message of `nbytes`: `reps`, or SMALL_REPS for a latency-bound one."""
+    return max(reps, SMALL_REPS) if nbytes <= SMALL else reps
+
+
 def _runner(impl: str, link):
     if impl == "ring":
         from kit.comm.ring import allreduce
@@ -108,11 +114,11 @@ def ps_role(server: bool, sizes, reps: int, timeout: float) -> list[dict]:
     rank, size = dist.get_rank(), dist.get_world_size()
     link, workers, out = Link(f"rank {rank}", timeout), list(range(1, size)), []
     for nbytes in sizes:
-        n = nbytes // 4
+        n, reps_k = nbytes // 4, reps_for(nbytes, reps)
         params, grad, parts = torch.zeros(n), torch.ones(n), [slice(0, n)]
         grads = [torch.empty(n) for _ in workers] if server else None
         seconds, c0 = [], None
-        for step in range(reps + 1):               # step 0: untimed warm-up
+        for step in range(reps_k + 1):             # step 0: untimed warm-up
             if step == 1:
                 dist.barrier()
                 c0 = counters()
@@ -125,8 +131,8 @@ def ps_role(server: bool, sizes, reps: int, timeout: float) -> list[dict]:
             seconds += [time.perf_counter() - t0] if step else []
         dist.barrier()
         c1 = counters()
-        ok = bool((params == -(reps + 1)).all())
-        out.append({"bytes": nbytes, "seconds": seconds, "ok": ok, **{k: (c1[k] - c0[k]) / reps for k in c0}})
+        ok = bool((params == -(reps_k + 1)).all())
+        out.append({"bytes": nbytes, "seconds": seconds, "ok": ok, **{k: (c1[k] - c0[k]) / reps_k for k in c0}})
     return out
 
 
@@ -165,17 +171,19 @@ def _hosts(lab, n: int):
                                  launch_env=lab.launch_env, addr=lab.addr)
 
 
-def measure_link(lab, cluster, repeats: int = 20, rounds: int = 3) -> dict:
-    """Return alpha and B from `rounds` ping-pongs between h1 and h2 (engines 0 and 1; each the median of
-    `repeats` round trips per size): their medians, their min-max over the rounds, and the TCP stream rate."""
-    fits = []
+def measure_link(lab, cluster, repeats: int = 50, rounds: int = 5) -> dict:
+    """Return alpha and B from `rounds` ping-pongs between h1 and h2 (engines 0 and 1): small messages `repeats`
+    times, large ones 5 times, each size's median; alpha and B fitted per round, then their medians and min-max
+    over the rounds; and the TCP stream rate."""
+    fits, ping = [], lambda sizes, n: cluster.wait(cluster.view.apply_async(
+        pingpong, sizes, n, cluster.timeout, False))[0]
     for _ in range(rounds):
-        res = cluster.wait(cluster.view.apply_async(pingpong, PINGPONG_SIZES, repeats, cluster.timeout, False))[0]
+        res = {**ping(PINGPONG_SMALL, repeats), **ping(PINGPONG_LARGE, 5)}
         fits.append(fit_alpha_beta(list(res), list(res.values())))
     alphas, Bs = [a for a, _ in fits], [b for _, b in fits]
     stream = lab.measure_rate("h1", "h2", seconds=2.0)
     return {"alpha": float(np.median(alphas)), "B": float(np.median(Bs)), "alpha_range": [min(alphas), max(alphas)],
-            "B_range": [min(Bs), max(Bs)], "rounds": rounds, "repeats": repeats,
+            "B_range": [min(Bs), max(Bs)], "alphas": alphas, "rounds": rounds, "repeats": repeats,
             "pingpong": {str(k): v for k, v in res.items()}, "stream": stream}
 
 
@@ -207,7 +215,7 @@ def run_ps(lab, cluster, N: int, sizes, reps: int, link: dict) -> list[dict]:
         if not port.isdigit():
             raise RuntimeError(f"the PS server on {host} did not start: {server.communicate(timeout=60)[1][-800:]}")
         init = f"tcp://{lab.addr_of(host)}:{port}"
-        wait_s = 60 + (reps + 1) * sum(t_comm_ps(N, K, 0, 0.2 * link["B"]) for K in sizes)
+        wait_s = 60 + (reps + SMALL_REPS + 1) * sum(t_comm_ps(N, K, 0, 0.2 * link["B"]) for K in sizes)
         workers = cluster.wait(cluster.view.apply_async(engine_ps_worker, init, list(sizes), reps, cluster.timeout),
                                timeout=wait_s)
         served, err = server.communicate(timeout=60)
@@ -256,7 +264,8 @@ def _time_impls(c, N: int, impls, sizes, reps: int, link: dict, quiet: bool) -> 
     rows = []
     for impl in impls:
         for nbytes in sizes:
-            rows.append(_row(N, impl, nbytes, c.wait(c.view.apply_async(engine_time, impl, nbytes, reps)), link))
+            rows.append(_row(N, impl, nbytes, c.wait(c.view.apply_async(engine_time, impl, nbytes,
+                                                                      reps_for(nbytes, reps))), link))
             if not quiet:
                 print(_line(rows[-1]), flush=True)
     return rows
@@ -268,18 +277,19 @@ def _line(r: dict) -> str:
 
 
 def latency(x: dict) -> dict:
-    """Return how the run's smallest messages paid latency: the PS's alpha and per-message overhead o fitted to its
-    smallest-K steps against N (bytes term taken off), the ring's latency per message (time / 2(N-1) at the
-    smallest K), the ping-pong's alpha; None where the run has fewer than two N."""
+    """Return how the run's smallest messages paid latency: the PS's per-message overhead o fitted to its
+    smallest-K steps against N with the ping-pong's alpha (one alpha for every N; bytes term taken off), the
+    ring's time per message in sequence (time / 2(N-1)), the ping-pong's alpha; o is None without a PS row at
+    N > 1."""
     K, link = min(x["sizes"]), x["link"]
     ps = {r["N"]: r["seconds"] for r in x["rows"] if r["impl"] == "ps" and r["bytes"] == K}
     ring = {r["N"]: r["seconds"] for r in x["rows"] if r["impl"] == "ring" and r["bytes"] == K}
     out = {"K": K, "alpha_pingpong": link["alpha"], "ps_seconds": ps, "ring_seconds": ring,
-           "ring_alpha": {n: t / (2 * (n - 1)) for n, t in ring.items()}, "ps_alpha": None, "o": None}
-    if len(ps) >= 2:
+           "ring_alpha": {n: t / (2 * (n - 1)) for n, t in ring.items()}, "ps_alpha": link["alpha"], "o": None}
+    if any(n > 1 for n in ps):
         ns = sorted(ps)
         bytes_s = [float(t_comm_ps(n, K, 0, link["B"])) for n in ns]
-        out["ps_alpha"], out["o"] = fit_latency(ns, [ps[n] - b for n, b in zip(ns, bytes_s)])
+        out["o"] = fit_latency(ns, [ps[n] - b for n, b in zip(ns, bytes_s)], alpha=link["alpha"])[1]
     return out
 
 
