@@ -192,8 +192,8 @@ def test_bad_arguments_of_load_are_named(kwargs, match):
     (["--warmup-epochs", "nan"], r"--warmup-epochs must be a finite number >= 0 \(got nan\)"),
     (["--warmup-epochs", "-1"], r"--warmup-epochs must be a finite number >= 0 \(got -1.0\)"),
     (["--init-timeout", "inf"], r"--init-timeout must be a finite number >= 0 \(got inf\)"),
-    (["--seed", "-5"], r"--seed must be a whole number in 0\.\.4294967295 minus the ranks \(got -5\)"),
-    (["--seed", str(2**40)], r"--seed must be a whole number in 0\.\.4294967295"),
+    (["--seed", "-5"], r"--seed must be a whole number in 0\.\.4294963199 \(got -5\); each rank uses seed \+ rank"),
+    (["--seed", str(2**40)], r"--seed must be a whole number in 0\.\.4294963199"),
     (["--json", "/nonexistent-dir/out.json"], r"--json /nonexistent-dir/out.json: its folder /nonexistent-dir "
                                               r"does not exist"),
     (["--events", "/nonexistent-dir/e.jsonl"], r"--events .*its folder /nonexistent-dir does not exist"),

@@ -124,8 +124,10 @@ def allreduce(tensor, *, piece_bytes: int = 4 * 2**20, check: bool = True, timeo
     """Sum `tensor` over all ranks IN PLACE with the ring (neighbours only); return this rank's Traffic.
 
     Call it on every rank of the torch.distributed group (cluster.init_process_group()). piece_bytes: the size
-    of the pieces a chunk is pipelined in; check: first compare shapes/dtypes across ranks (a tiny allgather);
-    timeout: seconds to wait for a neighbour (default: the cluster's KIT_TIMEOUT), then PeerLostError.
+    of the pieces a chunk is pipelined in; check: first compare shapes/dtypes across ranks (a tiny allgather:
+    RingError on every rank); with check=False, ranks holding different shapes make Gloo abort the process, and
+    cluster.wait's RankDiedError quotes that crash (the stack through scatter_reduce), never an earlier call's
+    output; timeout: seconds to wait for a neighbour (default: the cluster's KIT_TIMEOUT), then PeerLostError.
     """
     import torch.distributed as dist
     t0 = time.perf_counter()

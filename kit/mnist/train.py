@@ -12,6 +12,7 @@ same --checkpoint-dir: it resumes from rank 0's last good checkpoint.
 import argparse
 import atexit
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -20,7 +21,11 @@ from pathlib import Path
 from kit import scratch
 
 
+SEED_MAX = 2**32 - 1 - 4096      # TensorFlow's seeds are 32-bit; each rank (up to 4096 of them) adds its rank
+
+
 def parse_args(argv=None):
+    """Parse and check the command line (a clear message and exit status 2 for a bad value, before TF starts)."""
     p = argparse.ArgumentParser(prog="python -m kit.mnist.train", description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=None, help="default: 12, whatever the number of workers")
     p.add_argument("--dataset", default="auto", choices=["auto", "mnist", "fashion_mnist", "digits"])
@@ -56,8 +61,14 @@ def parse_args(argv=None):
             p.error(f"--{name.replace('_', '-')} must be at least {low} (got {value})")
     for name in ("warmup_epochs", "init_timeout"):
         value = getattr(args, name)
-        if value is not None and value < 0:
-            p.error(f"--{name.replace('_', '-')} must be 0 or more (got {value})")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            p.error(f"--{name.replace('_', '-')} must be a finite number >= 0 (got {value})")
+    if args.seed is not None and not 0 <= args.seed <= SEED_MAX:    # each rank seeds TF with seed + rank
+        p.error(f"--seed must be a whole number in 0..{SEED_MAX} (got {args.seed}); each rank uses seed + rank")
+    for name in ("json", "events"):             # files rank 0 writes at the end: their folder must be there now
+        folder = os.path.dirname(os.path.abspath(getattr(args, name))) if getattr(args, name) else ""
+        if folder and not os.path.isdir(folder):
+            p.error(f"--{name} {getattr(args, name)}: its folder {folder} does not exist (create it first)")
     if args.as_workers and args.elastic:
         p.error("--as-workers is a one-process control run; it does not combine with --elastic")
     return args
@@ -105,18 +116,13 @@ def private_temp_dir() -> str:
 
 
 def main(argv=None):
+    """Train the classic Keras MNIST CNN on every rank of the job (or time it: --synthetic-steps); rank 0 returns
+    the result (and writes it to --json)."""
     args = parse_args(argv)
     private_temp_dir()
-    from kit import env, mnist
-    if args.pin or args.pin_by_rank:                      # by the launcher's (local) rank, before TF starts threads
-        env.pin_to_core(env.rank() if args.pin_by_rank else None)
-    if args.threads:
-        os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
-    if args.inter_op_threads:
-        os.environ["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
-    tf = mnist.import_tf_quietly()                        # import tensorflow, minus its C++ start-up log lines
-    import horovod.tensorflow.keras as hvd
-    from horovod.tensorflow import allgather_object, broadcast_object
+    tf, hvd = import_frameworks(args)
+    from horovod.tensorflow import allgather_object
+    from kit import mnist
 
     # Horovod (1): start Horovod; every process learns its rank and the job's size.
     init_within(hvd, args.init_timeout)
@@ -124,40 +130,12 @@ def main(argv=None):
         raise SystemExit(f"kit.mnist.train: --as-workers is for one process (this job has {hvd.size()}): it trains "
                          "one process as N workers would; drop it, or run with -np 1")
     # Horovod (2): one GPU per process, chosen by local rank (on a CPU-only machine there is nothing to pin).
-    gpus = tf.config.list_physical_devices("GPU")
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    if gpus:
-        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    pin_gpu(tf, hvd)
     root = hvd.rank() == 0
-    if args.checkpoint_dir:          # rank 0 writes there: check now, and let every rank stop with its answer
-        problem = None
-        if root:
-            try:
-                mnist.check_writable(args.checkpoint_dir)
-            except mnist.CheckpointError as e:
-                problem = str(e)
-        problem = broadcast_object(problem, root_rank=0, name="checkpoint_dir_check")
-        if problem:
-            raise SystemExit(f"kit.mnist.train: {problem}" if root else 1)
-
+    check_checkpoint_dir(args.checkpoint_dir, hvd)
     if args.synthetic_steps:
-        result = mnist.synthetic_throughput(hvd, steps=args.synthetic_steps, batch=args.batch_size)
-        if root:
-            print(json.dumps(result), flush=True)
-            if args.json:
-                Path(args.json).write_text(json.dumps(result))
-        return result
-
-    from kit import datasets
-    ds = datasets.load(args.dataset, verbose=root)
-    x, y = mnist.prepare(*mnist.subset(ds.x_train, ds.y_train, args.train_samples))
-    x_test, y_test = mnist.prepare(*mnist.subset(ds.x_test, ds.y_test, args.test_samples))
-    if args.seed is not None:
-        # seed + rank: each rank its own dropout masks and shuffling (the same seed on every rank gave every rank
-        # the same masks at every step). Rank 0 keeps `seed`: its initial weights, broadcast to all, are the
-        # one-process run's. (docs/benchmarks/mnist.md: the fix did not close the 2-worker accuracy gap.)
-        tf.keras.utils.set_random_seed(args.seed + hvd.rank())
+        return synthetic(args, hvd)
+    ds, (x, y), test = load_data(args, tf, hvd)
     if args.elastic:
         return train_elastic(args, tf, hvd, x, y)
     # Horovod: each rank trains on its own 1/size of the data: an epoch is one pass over the data shared by
@@ -174,19 +152,7 @@ def main(argv=None):
     initial_epoch = mnist.resume(model, args.checkpoint_dir, hvd)   # Horovod: rank 0's checkpoint, broadcast
 
     history = []
-    callbacks = [
-        # Horovod (5): start every replica from rank 0's weights.
-        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-        # Horovod: average the metrics over ranks, so rank 0 prints the job's loss, not its own shard's.
-        hvd.callbacks.MetricAverageCallback(),
-        # Horovod: ramp the learning rate from lr to lr * size over the first epochs (Goyal et al., 2017).
-        warmup_callback(hvd, scaled_lr, workers, mnist.steps_per_epoch(len(x), 1, batch),
-                        args.warmup_epochs or mnist.WARMUP_EPOCHS, control=bool(args.as_workers)),
-        # ... and divide it by 10 for the last quarter of the epochs (Goyal et al.'s step decay), so they settle.
-        # A function, not the number: a constant multiplier m means m ** (epoch - start_epoch), a decay per epoch.
-        hvd.callbacks.LearningRateScheduleCallback(initial_lr=scaled_lr, multiplier=lambda epoch: mnist.DECAY,
-                                                   start_epoch=mnist.decay_start(epochs)),
-    ]
+    callbacks = schedule_callbacks(args, hvd, scaled_lr, workers, mnist.steps_per_epoch(len(x), 1, batch), epochs)
     # Horovod (6): only rank 0 writes checkpoints and prints progress.
     if root:
         if args.checkpoint_dir:
@@ -195,18 +161,106 @@ def main(argv=None):
         print(f"training on {hvd.size()} worker(s), {len(x)} images each, epochs {initial_epoch + 1}..{epochs}"
               + (f", as {workers} workers: batch {batch}" if args.as_workers else ""), flush=True)
     model.fit(x, y, batch_size=batch, epochs=epochs, initial_epoch=initial_epoch, verbose=0,
-              validation_data=(x_test, y_test), callbacks=callbacks)
+              validation_data=test, callbacks=callbacks)
 
     digests = allgather_object(mnist.weights_digest(model), name="digest")  # Horovod: replicas equal?
     if root:
-        acc = history[-1]["val_accuracy"] if history else float("nan")
-        result = {"dataset": ds.name, "size": hvd.size(), "as_workers": args.as_workers, "epochs": epochs,
-                  "history": history, "test_accuracy": acc, "replicas_identical": len(set(digests)) == 1}
+        return report(args, ds.name, hvd.size(), epochs, history, len(set(digests)) == 1)
+
+
+def import_frameworks(args):
+    """Pin this process and set TF's thread counts (before TF starts its threads); return (tf, horovod's Keras)."""
+    from kit import env, mnist
+    if args.pin or args.pin_by_rank:                      # by the launcher's (local) rank, before TF starts threads
+        env.pin_to_core(env.rank() if args.pin_by_rank else None)
+    if args.threads:
+        os.environ["TF_NUM_INTRAOP_THREADS"] = str(args.threads)
+    if args.inter_op_threads:
+        os.environ["TF_NUM_INTEROP_THREADS"] = str(args.inter_op_threads)
+    tf = mnist.import_tf_quietly()                        # import tensorflow, minus its C++ start-up log lines
+    import horovod.tensorflow.keras as hvd
+    return tf, hvd
+
+
+def pin_gpu(tf, hvd):
+    """Let this process see only the GPU of its local rank (growing its memory as needed); nothing without GPUs."""
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+
+
+def check_checkpoint_dir(folder, hvd):
+    """Rank 0 checks that it can write `folder` (if given); every rank stops with its answer if not."""
+    if not folder:
+        return
+    from horovod.tensorflow import broadcast_object
+    from kit import mnist
+    problem = None
+    if hvd.rank() == 0:
+        try:
+            mnist.check_writable(folder)
+        except mnist.CheckpointError as e:
+            problem = str(e)
+    problem = broadcast_object(problem, root_rank=0, name="checkpoint_dir_check")
+    if problem:
+        raise SystemExit(f"kit.mnist.train: {problem}" if hvd.rank() == 0 else 1)
+
+
+def synthetic(args, hvd) -> dict:
+    """Measure samples/s on random data for --synthetic-steps steps; rank 0 prints it (and writes --json)."""
+    from kit import mnist
+    result = mnist.synthetic_throughput(hvd, steps=args.synthetic_steps, batch=args.batch_size)
+    if hvd.rank() == 0:
+        print(json.dumps(result), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(result))
-        print(f"done: {ds.name} test accuracy {acc:.4f} after {epochs} epochs on {hvd.size()} worker(s); "
-              f"replicas identical: {result['replicas_identical']}", flush=True)
-        return result
+    return result
+
+
+def load_data(args, tf, hvd):
+    """Return (the data set, its training (x, y), its test (x, y)), prepared, subset; seed this rank if asked."""
+    from kit import datasets, mnist
+    ds = datasets.load(args.dataset, verbose=hvd.rank() == 0)
+    train = mnist.prepare(*mnist.subset(ds.x_train, ds.y_train, args.train_samples))
+    test = mnist.prepare(*mnist.subset(ds.x_test, ds.y_test, args.test_samples))
+    if args.seed is not None:
+        # seed + rank: each rank its own dropout masks and shuffling (the same seed on every rank gave every rank
+        # the same masks at every step). Rank 0 keeps `seed`: its initial weights, broadcast to all, are the
+        # one-process run's. (docs/benchmarks/mnist.md: the fix did not close the 2-worker accuracy gap.)
+        tf.keras.utils.set_random_seed(args.seed + hvd.rank())
+    return ds, train, test
+
+
+def schedule_callbacks(args, hvd, scaled_lr: float, workers: int, steps_per_epoch: int, epochs: int) -> list:
+    """Return every rank's callbacks: rank 0's weights to all, averaged metrics, the learning-rate schedule."""
+    from kit import mnist
+    return [
+        # Horovod (5): start every replica from rank 0's weights.
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        # Horovod: average the metrics over ranks, so rank 0 prints the job's loss, not its own shard's.
+        hvd.callbacks.MetricAverageCallback(),
+        # Horovod: ramp the learning rate from lr to lr * size over the first epochs (Goyal et al., 2017).
+        warmup_callback(hvd, scaled_lr, workers, steps_per_epoch, args.warmup_epochs or mnist.WARMUP_EPOCHS,
+                        control=bool(args.as_workers)),
+        # ... and divide it by 10 for the last quarter of the epochs (Goyal et al.'s step decay), so they settle.
+        # A function, not the number: a constant multiplier m means m ** (epoch - start_epoch), a decay per epoch.
+        hvd.callbacks.LearningRateScheduleCallback(initial_lr=scaled_lr, multiplier=lambda epoch: mnist.DECAY,
+                                                   start_epoch=mnist.decay_start(epochs)),
+    ]
+
+
+def report(args, dataset: str, size: int, epochs: int, history: list, identical: bool) -> dict:
+    """Rank 0: print the test accuracy, write the result to --json; return it."""
+    acc = history[-1]["val_accuracy"] if history else float("nan")
+    result = {"dataset": dataset, "size": size, "as_workers": args.as_workers, "epochs": epochs,
+              "history": history, "test_accuracy": acc, "replicas_identical": identical}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result))
+    print(f"done: {dataset} test accuracy {acc:.4f} after {epochs} epochs on {size} worker(s); "
+          f"replicas identical: {identical}", flush=True)
+    return result
 
 
 def warmup_callback(hvd, scaled_lr: float, workers: int, steps_per_epoch: int, warmup_epochs: float,
