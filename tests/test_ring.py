@@ -10,7 +10,7 @@ import pytest
 import kit
 from conftest import importable
 from kit.comm import ring, ring_sim
-from kit.bench import allreduce as ring_bench
+from kit.comm import allreduce_timing
 from kit.comm.costmodel import ring_bytes
 from kit.comm.link import PeerLostError
 
@@ -200,4 +200,4 @@ def test_dead_neighbour_raises_within_timeout(no_leaks):
 
 def test_unknown_impl_is_refused():
     with pytest.raises(ValueError, match="unknown implementation"):
-        ring_bench._runner("carrier-pigeon")
+        allreduce_timing._runner("carrier-pigeon")
