@@ -156,11 +156,6 @@ def local_size() -> int:
     return _from_env("local_size")
 
 
-def is_root() -> bool:
-    """True on the rank that writes checkpoints, logs and plots (rank 0), and outside any job."""
-    return rank() == 0
-
-
 def cpu_cores() -> int:
     """Return the number of cores this process may run on (affinity-aware): the one count the kit uses."""
     try:
