@@ -50,8 +50,9 @@ def schedule(name: str):
     return SCHEDULES[name]
 
 
-def simulate(acts_of, p: int, m: int, tf: float = 1.0, tb: float = 2.0) -> list[dict]:
-    """Play schedule `acts_of(p, m, stage)` with forward tf and backward tb, no communication time; return events.
+def simulate(acts_of, p: int, m: int, tf: float = 1.0, tb: float = 2.0, link: float = 0.0) -> list[dict]:
+    """Play schedule `acts_of(p, m, stage)` with forward tf and backward tb; return events. `link`: the time an
+    activation (or its gradient) takes from one stage to the next (0: communication is free).
 
     F(s, i) waits for F(s-1, i); B(s, i) waits for B(s+1, i); each stage runs its actions in its order. Raises
     ValueError when the orders deadlock (a stage waits for something that never comes)."""
@@ -67,7 +68,7 @@ def simulate(acts_of, p: int, m: int, tf: float = 1.0, tb: float = 2.0) -> list[
                 (("B", s + 1, i) if s < p - 1 else ("F", s, i))
             if dep is not None and dep not in done:
                 continue
-            start = max(free[s], done[dep] if dep else 0.0)
+            start = max(free[s], done[dep] + (link if dep[1] != s else 0.0) if dep else 0.0)
             end = start + (tf if kind == "F" else tb)
             done[(kind, s, i)], free[s], nxt[s] = end, end, nxt[s] + 1
             events.append({"stage": s, "kind": kind, "mb": i, "t0": start, "t1": end})
