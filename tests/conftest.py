@@ -4,6 +4,7 @@ import os
 import platform
 import re
 import shutil
+import sys
 import tempfile
 import time
 
@@ -178,6 +179,7 @@ def _labelled(fn, label: str):
             return fn(*args, **kwargs)
         finally:
             _DOING.pop()
+    wrapper.tier_label = label
     return wrapper
 
 
@@ -193,12 +195,11 @@ def _guard(mp: pytest.MonkeyPatch):
             mp.setattr(os, name, _refuse(f"a process (os.{name})"))
     mp.setattr(multiprocessing.process.BaseProcess, "start", _refuse("a multiprocessing process"))
     mp.setattr(multiprocessing.util, "spawnv_passfds", _refuse("a multiprocessing helper process"))
-    for module, attr, label in (("kit.cluster", "start", "engines (kit.cluster.start)"),
-                                ("kit.cluster.core", "start", "engines (kit.cluster.start)"),
-                                ("kit.netlab", "start", "a lab (kit.netlab.start)"),
-                                ("kit.netlab.lab", "start", "a lab (kit.netlab.start)")):
-        mod = importlib.import_module(module)
-        mp.setattr(mod, attr, _labelled(getattr(mod, attr), label))
+    for face, label in (("kit.cluster", "engines (kit.cluster.start)"), ("kit.netlab", "a lab (kit.netlab.start)")):
+        start = importlib.import_module(face).start
+        for mod in {sys.modules[face], sys.modules[start.__module__]}:     # the face and where start is defined
+            if getattr(mod, "start", None) is start:
+                mp.setattr(mod, "start", _labelled(start, label))
     import ipyparallel
     for name in ("start_controller", "start_engines"):
         mp.setattr(ipyparallel.Cluster, name, _refuse("ipyparallel engines (ipyparallel.Cluster)"))
