@@ -27,7 +27,8 @@ test: setup
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 $(PYTEST_ARGS) tests notebooks
 
-# For editing and before every commit: the linter, then every test without engines, lab, browser or notebooks.
+# For editing and before every commit: the linter, then every test without a tier marker (docs/testing.md), each
+# under the guard that fails it if it starts a process, engines, a lab or a browser.
 test-fast: setup
 	$(PY) -m ruff check kit tests scripts
 	$(PY) -m pytest -p no:cacheprovider -q --durations=10 -m "not (engines or lab or browser or notebook or gpu)" \
