@@ -303,7 +303,7 @@ def test_another_users_lab_folders_do_not_block_start(monkeypatch, no_leaks):
         subprocess.run([*AS_OTHER, "sh", "-c", script], check=True, timeout=60)
         with netlab.start(hosts=1) as lab:
             assert lab.ssh("h1", "hostname").stdout == "h1\n"
-            assert os.path.dirname(lab.dir) == os.path.join(shared, "kit-scratch-0")   # in root's private root
+            assert os.path.dirname(lab.dir) == netlab.registry.OWNERS        # in the root-only registry
         assert all(os.lstat(d).st_uid == OTHER and os.path.exists(f"{d}/owner.json") for d in fakes)  # untouched
         assert sleeper.poll() is None                                # the other user's process was not killed
         assert_clean()

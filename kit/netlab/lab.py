@@ -310,10 +310,7 @@ def start(hosts: int = 4, rate: str = "1gbit") -> Lab:
         free = [i for i in range(MAX_LABS) if i not in used]
         if not free:
             raise LabError(f"{MAX_LABS} labs are running already: stop one (lab.stop())")
-        try:
-            dir_ = scratch.make(f"{PREFIX}{free[0]}")
-        except scratch.ScratchError as e:
-            raise LabError(f"the lab's folder: {e}") from None
+        dir_ = registry.make_dir(free[0])
         token, at = secrets.token_hex(16), time.time()
         registry.write_record(free[0], {"pid": os.getpid(), "start": scratch.started(os.getpid()), "dir": dir_,
                                         "token": token, "at": at})

@@ -1,13 +1,15 @@
-"""Which labs exist on this machine and who owns each: names, owner records, the sweep of dead owners' labs.
+"""Which labs exist on this machine and who owns each: names, owner records, lab folders, the sweep of dead
+owners' labs.
 
-Every resource of lab L is named `kitlab<L>-...`: namespaces, links, /etc/netns entries (all root-only), and its
-folder, made by kit.scratch in root's private temp root (so another user can neither make nor swap one). Who owns
-each lab is in one place every process on the machine sees whatever its TMPDIR (a notebook kernel, a shell and
-`make test` each have their own): the record /run/kitlab/kitlab<L>-owner.json = {pid, start, dir, token, at}.
-A lab needs root, so only root's word counts: the records' folder must be a real folder owned by root that no one
-else can write (checked with lstat each time), and a record is read only if it is a regular file owned by root
-(opened without following links). Anything else is ignored, never followed or deleted: another user's
-`/tmp/kitlab<N>-*` folders or files are not the lab's and cannot block `kit.netlab.start`.
+Every resource of lab L is named `kitlab<L>-...`: namespaces, links, /etc/netns entries, and its folder. A lab
+needs root, so only root's word counts, in one place every process on the machine sees whatever its TMPDIR (a
+notebook kernel, a shell and `make test` each have their own): /run/kitlab, which must be a real folder owned by
+root that no one else can write (checked with lstat each time). It holds each lab's owner record
+`kitlab<L>-owner.json` = {pid, start, dir, token, at} and its folder `kitlab<L>-<random>` (mode 0700: keys, the
+hosts' HOME and TMPDIR, Slurm's files; a short path, as unix sockets under it need). A record is read only if it is
+a regular file of root's (opened without following links), a folder used only if it is a real folder of root's,
+mode 0700. Anything else is ignored, never followed or deleted: another user's `/tmp/kitlab<N>-*` folders or
+files are not the lab's and cannot block `kit.netlab.start`.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import fcntl
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import stat
@@ -95,18 +98,32 @@ def write_record(lab_id: int, record: dict):
         json.dump(record, f)
 
 
-def lab_dir_ok(path, lab_id: int) -> bool:
-    """Whether `path` (from a record) is a lab folder to trust: kitlab<id>-..., a real folder of root's, mode 0700,
-    in a kit-scratch root of root's (mode 0700)."""
-    if not isinstance(path, str) or not os.path.isabs(path):
+def make_dir(lab_id: int) -> str:
+    """Make lab `lab_id`'s folder, kitlab<id>-<random> (mode 0700), in the checked OWNERS folder; return its path."""
+    owners_dir(create=True)
+    fd = os.open(OWNERS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if not root_only(os.fstat(fd)):
+            raise LabError(f"{OWNERS} changed while the lab checked it: start again")
+        while True:
+            name = f"{PREFIX}{lab_id}-{secrets.token_hex(4)}"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=fd)
+                return os.path.join(OWNERS, name)
+    finally:
+        os.close(fd)
+
+
+def lab_dir_ok(path, lab_id: int | None = None) -> bool:
+    """Whether `path` is a lab folder to trust: OWNERS/kitlab<id>-..., a real folder of root's, mode 0700."""
+    if not isinstance(path, str) or os.path.dirname(path) != OWNERS:
         return False
     m = NAME_RE.match(os.path.basename(path))
     try:
-        st, parent = os.lstat(path), os.lstat(os.path.dirname(path))
+        st = os.lstat(path)
     except OSError:
         return False
-    return bool(m and int(m.group(1)) == lab_id and os.path.basename(os.path.dirname(path)) == "kit-scratch-0"
-                and scratch.problem(path, st, 0) is None and scratch.problem(os.path.dirname(path), parent, 0) is None)
+    return bool(m and (lab_id is None or int(m.group(1)) == lab_id) and scratch.problem(path, st, 0) is None)
 
 
 @contextlib.contextmanager
@@ -125,7 +142,7 @@ def lock():
 # ------------------------------------------------------------------------------------------ what exists
 def _kit_resources() -> dict[int, dict[str, list[str]]]:
     """Return every kitlab resource on this machine, by lab number: namespaces, links, /etc/netns dirs, lab folders
-    (root's own scratch root's, and those root's owner records name) and owner records."""
+    ("tmp") and owner records."""
     found: dict[int, dict[str, list[str]]] = {}
 
     def add(kind, name, key=None):
@@ -138,22 +155,14 @@ def _kit_resources() -> dict[int, dict[str, list[str]]]:
         add("link", line.split(":")[1].strip().split("@")[0])
     for d in sorted(os.listdir("/etc/netns")) if os.path.isdir("/etc/netns") else []:
         add("etc", os.path.join("/etc/netns", d), d)
-    if os.geteuid() == 0:
-        with contextlib.suppress(scratch.ScratchError):            # not private: nothing of a lab's is there
-            for d in scratch.folders():
-                add("tmp", d, os.path.basename(d))
     if owners_dir():
         for name in sorted(os.listdir(OWNERS)):
-            m, path = RECORD_RE.match(name), os.path.join(OWNERS, name)
-            record = read_record(path) if m else None
-            if record is None:
-                continue                                           # not root's record: ignored, never removed
-            add("owner", path, name)
-            if lab_dir_ok(record.get("dir"), int(m.group(1))):     # the lab's folder, in its owner's temp dir
-                add("tmp", record["dir"], os.path.basename(record["dir"]))
-    for res in found.values():
-        if "tmp" in res:
-            res["tmp"] = sorted(set(res["tmp"]))
+            path = os.path.join(OWNERS, name)
+            if RECORD_RE.match(name) and read_record(path) is not None:
+                add("owner", path, name)
+            elif lab_dir_ok(path):
+                add("tmp", path, name)
+            # anything else (not root's, a link) is ignored: never removed, never counted
     return found
 
 
@@ -207,7 +216,8 @@ def _remove(res: dict[str, list[str]]):
     for d in res.get("etc", []):
         shutil.rmtree(d, ignore_errors=True)
     for d in res.get("tmp", []):
-        scratch.remove(d)                    # a real folder of root's only; its kit-scratch root too once empty
+        if lab_dir_ok(d):
+            shutil.rmtree(d, ignore_errors=True)       # a real folder of root's; never follows a link inside
     for record in res.get("owner", []):
         with contextlib.suppress(FileNotFoundError):
             os.remove(record)
