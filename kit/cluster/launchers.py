@@ -172,7 +172,11 @@ def _handler():
 
 class Rendezvous:
     """Horovod's own Gloo rendezvous server (the one `horovodrun --gloo` runs), bound to one address, with the
-    handler above."""
+    handler above.
+
+    It has no authentication (upstream's design: any process that reaches its port may read and write the job's
+    keys, as under horovodrun), so it listens only on the cluster's `ip`: 127.0.0.1 on one host, the lab's address
+    (or the `ip=` given) with several, never on every address as RendezvousServer.start() would."""
 
     def __init__(self, addr: str):
         from horovod.runner.http.http_server import RendezvousHTTPServer
@@ -275,8 +279,10 @@ class MPILauncher(Launcher):
             cfg.mpi_args += ["-H", ",".join(f"{h}:{k}" for h, k in self.hosts.items())]
         else:  # one host: MPI's messages go through shared memory; no TCP transport, so no listener of the ranks
             # (Open MPI's TCP transport binds 0.0.0.0 and :: whatever btl_tcp_if_include says, open-mpi/ompi#12668).
-            # mpiexec's own (prterun's) listener still takes every address: open-mpi/ompi#14441, fixed in PRRTE
-            # after the Open MPI 5.0.x that pip installs (openpmix/prrte#2788); see docs/cluster.md.
+            # mpiexec's own (prterun's) listener still takes every address: `--prtemca prte_if_include lo` (or
+            # oob_tcp_if_include) makes prterun refuse to start ("No network interfaces were found for out-of-band
+            # communications"), oob_tcp_disable_ipv6 leaves [::]: open-mpi/ompi#14441, fixed in PRRTE after the
+            # Open MPI 5.0.x that pip installs (openpmix/prrte#2788); tests/test_mpi_listeners.py notices the fix.
             cfg.environment.update(OMPI_MCA_btl="self,sm")
 
     def rank_order(self, info):
