@@ -13,7 +13,7 @@ TEST_WORKERS ?= 2
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: setup lab test test-fast lint test-gpu gpu-present bench clean
+.PHONY: setup lab test test-fast lint test-gpu gpu-present bench book clean
 
 setup:
 	@PYTHON_BOOT=$(PYTHON_BOOT) VENV=$(VENV) TORCH=$(TORCH) bash scripts/setup_env.sh
@@ -47,6 +47,11 @@ gpu-present:
 
 bench: setup
 	$(PY) -m kit.bench all
+
+# The book: every notebook (their committed outputs; nothing is executed), the README and docs/ as a static site
+# in book/_build/html, offline (Sphinx + MyST-NB, book/conf.py). Open book/_build/html/index.html.
+book: setup
+	$(PY) book/build.py
 
 # What the build makes: the venv (Horovod built inside it), the package's metadata, caches, benchmark scratch.
 clean:
