@@ -105,3 +105,12 @@ def test_markers_are_strict_and_every_tier_is_registered():
     registered = [m.split(":")[0] for m in ini["markers"]]
     assert registered == [*conftest.TIERS, "requires_root"]
 
+
+
+def test_the_testing_page_maps_every_test_file():
+    """docs/testing.md's table names every test file (and none that is gone), so a reader finds what each tests."""
+    rows = re.findall(r"^\| `((?:gpu/)?test_\w+\.py)` \|", (REPO / "docs" / "testing.md").read_text(), re.M)
+    files = sorted(str(p.relative_to(REPO / "tests")) for p in (REPO / "tests").rglob("test_*.py"))
+    missing, gone = sorted(set(files) - set(rows)), sorted(set(rows) - set(files))
+    assert not missing and not gone, (f"docs/testing.md's table of test files lacks {missing} (add a row: the file, "
+                                      f"what it tests, its tiers) and names files that are gone: {gone}")
