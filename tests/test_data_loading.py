@@ -498,3 +498,14 @@ def _monitor_of(wait_s, compute_s, steps=6):
     for _ in range(steps):
         mon.record(wait_s, compute_s, samples=4)
     return mon
+
+
+def test_the_exercises_are_graded_without_showing_the_answer():
+    from kit.data import lesson
+    fit = dict(t_load=0.2, t_load_cpu=0.05, t_compute=0.4, c_compute=0.075, cores=2)      # W_eff(8) = 3.2
+    assert lesson.grade(1, None, fit) == "exercise 1: not answered yet"
+    assert lesson.grade(1, 3.2, fit) == "exercise 1: correct" and lesson.grade(1, 8, fit) == "exercise 1: wrong"
+    assert lesson.grade(2, 3) == "exercise 2: correct" and lesson.grade(2, 4) == "exercise 2: wrong"   # 90 ms / 30
+    assert lesson.grade(3, 0.5) == "exercise 3: correct" and lesson.grade(3, 0.25) == "exercise 3: wrong"
+    with pytest.raises(ValueError, match="exercise must be 1, 2 or 3, got 4"):
+        lesson.grade(4, 1)

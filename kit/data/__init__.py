@@ -3,7 +3,8 @@ the starvation monitor (monitor) and the loader profiler (profiler)."""
 from kit.data.pipeline import (
     FORMATS, ImageStore, encode, make_store, read, decode, augment,
     load_sample, checked_sample, SampleError, ImageDataset, CheckedDataset, Loader, make_loader, make_model,
-    make_step, sync_fn, queued, measure, fit_model, handover, predicted, sweep, table, DEFAULT, setup, sweep_experiment)
+    make_step, sync_fn, queued, measure, fit_model, handover, predicted, sweep, table, DEFAULT, AHEAD, setup,
+    sweep_experiment)
 from kit.plots.data import plot_kinds, plot_sweep, plot_timelines   # notebook 01 draws them as data.plot_*
 from kit import _lazy_submodules
 

@@ -199,3 +199,28 @@ def trace_check(traced: dict, rows: list[dict], tol: float = TRACE_TOL) -> tuple
             said.append(f"num_workers={w}: {text}")
             held &= ok
     return held, "; ".join(said) + "."
+
+
+# --- notebook 01's exercises, graded without showing the answer -------------------------------------------------
+EXERCISE_2 = dict(t_load=0.090, t_compute=0.030, t_load_cpu=0.0, c_compute=0.003, cores=8)    # all I/O, 8 cores
+EXERCISE_3 = dict(t_load=0.090, t_compute=0.030, t_load_cpu=0.090, c_compute=0.030, cores=2)  # all CPU, 2 cores
+
+
+def grade(exercise: int, answer, fit: dict | None = None) -> str:
+    """Return notebook 01's verdict on `answer` to exercise 1 (W_eff at W = 8 from `fit`), 2 (the fewest workers
+    for 90% busy) or 3 (the best busy fraction): 'not answered yet', 'correct' or 'wrong', never the answer."""
+    from kit.data.monitor import effective_workers, predict_busy
+    if exercise not in (1, 2, 3):
+        raise ValueError(f"exercise must be 1, 2 or 3, got {exercise!r}")
+    if answer is None:
+        return f"exercise {exercise}: not answered yet"
+    if exercise == 1:
+        if fit is None:
+            raise ValueError("exercise 1 is graded on your run's fit: grade(1, answer, fit)")
+        truth = effective_workers(8, fit["t_load"], fit["t_load_cpu"], fit["c_compute"], fit["cores"])
+        right = abs(answer - truth) <= 0.03 * truth
+    elif exercise == 2:
+        right = predict_busy(answer, **EXERCISE_2) >= 0.9 > predict_busy(answer - 1, **EXERCISE_2)
+    else:
+        right = abs(answer - max(predict_busy(w, **EXERCISE_3) for w in range(1, 33))) < 0.02
+    return f"exercise {exercise}: {'correct' if right else 'wrong'}"
