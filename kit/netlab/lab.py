@@ -183,13 +183,12 @@ class Lab:
         """Return {host: pids} of what runs on each host but its SSH server and the kept daemons: jobs."""
         return self._job_pids()
 
-    @_live
     def jobs_left(self, seconds: float = 20) -> dict[str, set[int]]:
         """Wait up to `seconds` for the jobs on the lab's hosts to end (a killed process may take a moment to go);
         return {host: pids} of the hosts where some still run, {} when none does."""
         check_seconds("seconds", seconds, zero=True)
         deadline = time.monotonic() + seconds
-        while (left := {h: p for h, p in self._job_pids().items() if p}) and time.monotonic() < deadline:
+        while (left := {h: p for h, p in self.job_pids().items() if p}) and time.monotonic() < deadline:
             time.sleep(0.5)
         return left
 

@@ -1,4 +1,4 @@
-"""The SSH side of kit.netlab: one OpenSSH server per emulated host, keys and client config in the lab's temp dir.
+"""The SSH side of kit.netlab: one OpenSSH server per emulated host, keys and client config in the lab's folder.
 
 The user's ~/.ssh is never read or written: every ssh the kit (or horovodrun, or mpiexec) starts for the lab
 uses `ssh -F LAB/ssh_config`, which names the lab's client key and a known_hosts file holding the lab's host
