@@ -19,7 +19,7 @@ TIMEOUT = 20
 @pytest.fixture(scope="module")
 def c2():
     before = descendants()
-    c = kc.start(2, "gloo", timeout=TIMEOUT, quiet=True)
+    c = kc.start(2, "gloo", timeout=TIMEOUT, devices="cpu", quiet=True)      # CPU engines, whatever the host
     try:
         yield importable(c)
     finally:
@@ -55,6 +55,15 @@ def test_the_ring_crash_is_quoted_from_the_call_that_crashed_not_the_one_before(
     assert "Fatal Python error: Aborted" in said and "scatter_reduce" in said, said
     assert "RingError" not in said and "\x1b[" not in said, said     # not the last call's error, no colour codes
     importable(c2.restart())
+
+
+def test_nccl_on_cpu_engines_is_refused_before_torch_is_called(c2):
+    with pytest.raises(kc.ClusterError, match=r"init_process_group: backend='nccl' needs one GPU per engine, and "
+                                              r"these engines run on the CPU \(devices='cpu', no GPU given to them\): "
+                                              r"use backend='gloo'"):
+        c2.init_process_group("nccl")
+    with pytest.raises(ValueError, match=r"backend='mpi' is not allowed: use 'gloo' or 'nccl'"):
+        c2.init_process_group("mpi")
 
 
 @pytest.mark.timeout(600)

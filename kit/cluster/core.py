@@ -63,7 +63,7 @@ class Cluster(guard.Refusing):
         self._before: dict[int, float] = {}
         self._state, self.started_at, self._stopped_at = "new", "", ""   # new, starting, running, stopped
         self._controller: tuple[int, str] | None = None     # (pid, when it died) once the controller is gone
-        self._pending = guard.Pending()
+        self._pending, self.from_cell = guard.Pending(), False   # from_cell: started by a cell's own call (live)
 
     # -- public API
     @property
@@ -327,8 +327,8 @@ def start(n: int = 2, backend: str = "gloo", *, timeout: float = DEFAULT_TIMEOUT
 
     n and backend may be given by position; every other argument by name. Every argument is checked before anything
     starts (kit.cluster.checks: a bad one is an ArgumentError naming it).
-    In IPython, a live cluster of the same kind that this kernel started is stopped first, with a notice (a start
-    cell run again replaces its cluster: kit.cluster.live).
+    Called from a notebook cell, it first stops (with a notice) a live cluster of the same kind that a cell of this
+    kernel started: a start cell run again replaces its cluster (kit.cluster.live).
 
     n: engines (a whole number >= 1). backend: "gloo" (no MPI needed) or "mpi" (the venv's mpiexec).
     timeout: seconds (finite, > 0; default 60) a collective waits for a dead or missing peer; whole-second
@@ -344,5 +344,7 @@ def start(n: int = 2, backend: str = "gloo", *, timeout: float = DEFAULT_TIMEOUT
     ip: the address servers bind (default 127.0.0.1; with hosts or slurm, one the hosts reach).
     quiet: no start-up line.
     """
-    return Cluster(n=n, backend=backend, timeout=timeout, devices=devices, share_gpus=share_gpus, threads=threads,
-                   mpiexec=mpiexec, hosts=hosts, slurm=slurm, ip=ip, quiet=quiet).start()
+    cluster = Cluster(n=n, backend=backend, timeout=timeout, devices=devices, share_gpus=share_gpus, threads=threads,
+                      mpiexec=mpiexec, hosts=hosts, slurm=slurm, ip=ip, quiet=quiet)
+    cluster.from_cell = live.called_from_cell()     # a notebook cell's own call: it replaces its predecessor
+    return cluster.start()

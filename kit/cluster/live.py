@@ -2,16 +2,15 @@
 failed %%px cell, and replaced when a notebook's start cell runs again.
 
 Re-running `cluster = kit.cluster.start(...)` in a notebook would leave the first cluster running (its engines on
-the same cores) with no name left to stop it by. So, in an IPython kernel or shell, starting a cluster first stops
-any cluster of the same kind (same backend, same place: this machine, the same hosts, or Slurm) that this kernel
-started and has not stopped, and says so. Outside IPython (scripts, tests) clusters of one kind may coexist.
+the same cores) with no name left to stop it by. So a cluster started from a notebook cell (an IPython kernel or
+shell: `kit.cluster.start` called by the cell's own code) first stops any cluster of the same kind (same backend,
+same place: this machine, the same hosts, or Slurm) that a cell of this kernel started and has not stopped, and
+says so. Clusters started inside a function (the kit's own experiments), by scripts or by tests may coexist.
 """
 from __future__ import annotations
 
 import atexit
 import sys
-
-from kit.cluster import engines
 
 _LIVE: list = []   # started and not yet stopped, oldest first
 
@@ -33,11 +32,22 @@ def live() -> list:
     return list(_LIVE)
 
 
-def replace_same_kind(new, interactive: bool | None = None) -> list:
-    """In IPython (or `interactive`), stop every live cluster of `new`'s kind, saying so; return them."""
-    if not (engines.in_ipython() if interactive is None else interactive):
+def called_from_cell(depth: int = 2) -> bool:
+    """Return whether the code `depth` frames up (the caller's caller) runs in an IPython cell's namespace."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and sys._getframe(depth).f_globals is getattr(shell, "user_global_ns", None)
+
+
+def replace_same_kind(new) -> list:
+    """If `new` was started from a cell, stop every live cluster of its kind also started from a cell, saying so;
+    return them."""
+    if not getattr(new, "from_cell", False):
         return []
-    old = [c for c in _LIVE if c is not new and c.kind == new.kind]
+    old = [c for c in _LIVE if c is not new and c.kind == new.kind and getattr(c, "from_cell", False)]
     for c in old:
         print(f"kit.cluster: stopping {c!r}, started by this kernel at {c.started_at} and not stopped: a start "
               f"cell run again replaces its cluster of the same kind ({new.kind_text}), whose engines would "
