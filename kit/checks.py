@@ -43,12 +43,12 @@ def verdict(c: Check) -> str:
     return f"did not hold on this run: {c.measured} (bound: {c.bound}), because {c.reason}"
 
 
-def markdown(checks: list[Check]) -> str:
-    """Return the notebook's Markdown: one bullet per check, its verdict, then its detail."""
+def markdown(checks: list[Check], details: bool = True) -> str:
+    """Return the notebook's Markdown: one bullet per check, its verdict, then (with `details`) its detail."""
     lines = []
     for c in checks:
         name = f"**{c.name}**" if c.held else f"**{c.name}** (**did not hold**)"
-        detail = f" {c.detail}." if c.detail else ""
+        detail = f" {c.detail}." if c.detail and details else ""
         lines.append(f"- {name} {verdict(c)}.{detail}")
     return "\n".join(lines)
 

@@ -46,6 +46,21 @@ def test_tiny_benchmark_writes_json_figures_and_a_summary(tmp_path, no_leaks, na
     assert out.strip().splitlines()[-1] == doc["summary"]         # the one-line summary, printed last
 
 
+@pytest.mark.parametrize("argv,says", [
+    (["loading", "--tiny"], "--tiny: benchmark 'loading' has no tiny setting (those with one: "),
+    (["nope"], "argument name: 'nope' is not a benchmark; choose one of loading, "),
+    (["ps", "--quick", "--tiny"], "--quick and --tiny: give one of them"),
+    (["ps", "--out", __file__], "--out: "),
+])
+def test_bad_input_is_a_clear_error_naming_the_argument(capsys, argv, says):
+    """`python -m kit.bench` refuses bad input before running anything: usage, then what is wrong and allowed."""
+    from kit.bench import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: python -m kit.bench") and says in err, err
+
+
 def test_no_kit_module_switches_the_matplotlib_backend():
     """Notebooks show, benchmarks save on a Figure without pyplot: no module of kit switches the backend."""
     calls = {str(p.relative_to(KIT)): re.findall(r"matplotlib\.use\(|plt\.switch_backend\(", p.read_text())

@@ -57,6 +57,7 @@ def test_a_check_renders_held_or_did_not_hold_because():
         "- **bytes** (**did not hold**) did not hold on this run: 1.10× the ring model (bound: 1 ± 0.03), because "
         "headers doubled."]
     assert checks.summary_line([ok, bad]) == "held: fp16; bytes did not hold because headers doubled"
+    assert checks.markdown([ok], details=False) == "- **fp16** held: 0.502× DDP's bytes (bound: 0.500 ± 0.015)."
     assert checks.from_dict(bad.as_dict()) == bad
 
 
@@ -159,7 +160,7 @@ def test_the_overlap_check_reads_the_interleaved_rounds_and_says_why_it_failed()
 def test_the_wire_checks_hold_on_the_recorded_run_and_fail_when_the_bytes_are_off():
     x = _lab_run()
     assert [c.name for c in lab.claims(x)][:4] == ["overlap", "fp16", "bytes", "fsdp bytes"]
-    assert all(c.held for c in lab.claims(x) if c.name != "overlap")
+    assert all(c.held for c in lab.claims(x) if c.name in ("fp16", "bytes", "fsdp bytes", "FSDP2 memory"))
     rows = {r["scheme"]: r for r in x["rows"]}
     fp16 = next(r for s, r in rows.items() if s.startswith("ddp_fp16:"))
     fp16["nic_tx"] = [b * 1.1 for b in fp16["nic_tx"]]       # 0.55× DDP's bytes: not half

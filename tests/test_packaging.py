@@ -122,17 +122,7 @@ def test_make_test_gpu_refuses_without_a_gpu():
 
 # --- the README and docs/: what they say is what the code and results/*.json hold ------------------------------
 DOCS = REPO / "docs"
-BENCHMARKS = ("loading", "ps", "allreduce", "network", "mnist", "mnist_lab", "elastic", "gpu", "ddp", "ddp_lab")
 README_MAX_LINES = 260
-
-
-def _result(name: str) -> dict:
-    return json.loads((REPO / "results" / f"{name}.json").read_text())
-
-
-def _flat(text: str) -> str:
-    """Whitespace collapsed, so that a rendered block matches however the page wraps its prose."""
-    return " ".join(text.split())
 
 
 def _texts() -> dict[str, str]:
@@ -151,166 +141,55 @@ def _code(text: str) -> list[str]:
     return blocks + INLINE.findall(FENCE.sub("", text))
 
 
-# Each renderer returns the blocks its benchmark page must hold, rendered from the JSON: the kit's own renderer
-# where the kit has one (the notebooks show the same tables), else the columns the JSON records, formatted here.
-def _loading(x: dict) -> list[str]:
-    rows = ["| num_workers | samples/s | busy | wait ms | step ms | model ms | model error (held out) |",
-            "|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in x["sweep"]:
-        err = "fitted" if r["workers"] in x["fit_workers"] else f"{100 * r['model_error']:.1f}%"
-        rows.append(f"| {r['workers']} | {r['samples_per_s']:.0f} | {100 * r['busy']:.0f}% | {r['wait_ms']:.1f} | "
-                    f"{r['step_ms']:.1f} | {r['predicted_ms']:.1f} | {err} |")
-    from types import SimpleNamespace
-
-    from kit.data.lesson import verdict
-    sweep, lesson = x["sweep"], x["lesson"]
-    best, zero = next(r for r in sweep if r["workers"] == x["best_workers"]), sweep[0]
-    res = {"rows": sweep, "best": best, "at_0": zero, "speedup": best["samples_per_s"] / zero["samples_per_s"]}
-    load = SimpleNamespace(others=lesson["others"], cores=lesson["cores"])
-    assert verdict(res, lesson["alone_ms"] / 1e3, load) == (lesson["held"], lesson["text"]), "the stored verdict"
-    return ["\n".join(rows), lesson["text"]]
-
-
-def _ps(x: dict) -> list[str]:
-    assert all(r["bytes_exact"] for r in x["training"])
-    bytes_rows = ["| N | k | server in (B) | server out (B) | = N·K/k exactly |", "|---|---|---|---|---|"]
-    bytes_rows += [f"| {r['N']} | {r['k']} | {r['server_in']:,} | {r['server_out']:,} | {r['bytes_exact']} |"
-                   for r in x["training"]]
-    model = ["| N | k | K (MB) | empty ms | measured ms | predicted ms | error | plain 2(α + N·K/B) ms | error |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in x["exchange"]:
-        plain = r["measured_ms"] / r["predicted_one_host_ms"] - 1
-        model.append(f"| {r['N']} | {r['k']} | {r['K'] / 1e6:.1f} | {r['empty_ms']:.2f} | {r['measured_ms']:.1f} | "
-                     f"{r['predicted_ms']:.1f} | {r['error']:+.0%} | {r['predicted_one_host_ms']:.1f} | {plain:+.0%} |")
-    return ["\n".join(bytes_rows), "\n".join(model), f"K = {x['training'][0]['K']:,} bytes"]
-
-
-def _allreduce(x: dict) -> list[str]:
-    from kit.bench.allreduce import readme_table
-    fusion = ["| 100 tensors of 4 KB | one by one | in one call |", "|---|---|---|"]
-    fusion += [f"| {impl} | {1e3 * t['one_by_one']:.1f} ms | {1e3 * t['fused']:.1f} ms |"
-               for impl, t in x["fusion_100x4KB_s"].items()]
-    ring = ", ".join(f"N = {n}: {1e3 * s:.1f} ms" for n, s in x["model_points"]["kit ring"].items())
-    ab = f"α = {x['alpha_s'] * 1e6:.0f} µs and B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s"
-    return [readme_table(x), "\n".join(fusion), f"{x['model_bytes'] >> 20} MB", ring, ab]
-
-
-def _network(x: dict) -> list[str]:
-    from kit.plots.network import readme_tables
-    return [readme_tables(x, max(x["sizes"]))]
-
-
-def _mnist(x: dict) -> list[str]:
-    from kit.mnist import accuracy_claim, accuracy_table, readme_table
-    return [readme_table(x)] + ([accuracy_table(x), accuracy_claim(x)] if "accuracy_seeds" in x else [])
-
-
-def _mnist_on_lab_hosts(x: dict) -> list[str]:
-    from kit.mnist.lab import table
-    return [table(x), f"K = {x['gradient_bytes']:,} bytes"]
-
-
-def _ddp(x: dict) -> list[str]:
-    from kit.ddp.memory import memory_table
-    from kit.ddp.schemes import horovod_note, table
-    return [table(x), memory_table(x), horovod_note(x)]
-
-
-def _ddp_lab(x: dict) -> list[str]:
-    from kit.checks import markdown
-    from kit.ddp.lab import claims, table, timeline_text
-    from kit.ddp.schemes import horovod_note
-    assert x["claims"] == [[c.as_dict() for c in claims(run)] for run in x["runs"]], "results/ddp_lab.json's claims"
-    return ([table(run) for run in x["runs"]] + [markdown(claims(run)) for run in x["runs"]]
-            + [horovod_note(run) for run in x["runs"]] + [timeline_text(run) for run in x["runs"]])
-
-
-def _elastic(x: dict) -> list[str]:
-    from kit.mnist import elastic
-    rows = []
-    for i, run in enumerate(x["runs"], 1):
-        again = elastic.summarize(run["events"], run["t_cut"], run["t_restore"])    # the events say the same
-        assert again["lost_batches"] == run["lost_batches"] and again["pauses"] == run["pauses"], i
-        back = next((p["seconds"] for p in run["pauses"] if p["t"] > run["t_restore"]), 0.0)
-        sizes = run["batches_at_size"]
-        rows.append(f"| {i} | {run['seconds_to_carry_on']:.1f} s | {run['lost_batches'][0]} | "
-                    f"{run['seconds_to_rejoin']:.1f} s | {back:.1f} s | {sizes.get('1', 0)} / {sizes.get('2', 0)} | "
-                    f"{run['final_accuracy']:.3f} |")
-    return ["\n".join(rows), f"Gloo timeout of {x['gloo_timeout_s']} s"]
-
-
-def _gpu(x: dict) -> list[str]:
-    sweep, c, m, sz = x["sweep"], x["copy_gbps"], x["machine"], x["sizing"]
-    lo, hi = "0", max(sweep["False"], key=int)
-
-    def row(key, fmt):
-        return " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))
-    pinned = sweep["True"]
-    per_w = "\n".join(f"| {w} | {pinned[w]['samples_per_s']:.0f} | {100 * pinned[w]['busy']:.0f}% | "
-                      f"{pinned[w]['gpu_util']:.1f}% |" for w in sorted(pinned, key=int))
-    ars = [f"| {a['backend']} | " + (a["error"] if "error" in a else
-                                      f"{1000 * a['seconds']:.1f} ms, {a['busbw_gbps']:.1f} GB/s bus bandwidth") + " |"
-           for a in x["allreduce"]]
-    return [f"one {x['gpu']}, {m['cpu_cores']} cores, Python {m['versions']['python']}, PyTorch "
-            f"{m['versions']['torch']}, Horovod {m['versions']['horovod']}",
-            f"CNN width x{sz['width']}: its step {sz['t_step_ms']:.1f} ms against a batch's loading "
-            f"{sz['t_load_ms']:.1f} ms; {x['steps']} steps per setting",
-            f"| {c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s |", f"W = {lo} → {hi}",
-            row("samples_per_s", lambda v: f"{v:.0f}"), row("busy", lambda v: f"{100 * v:.0f}%"),
-            row("gpu_util", lambda v: f"{v:.1f}%"), per_w, *ars]
-
-
-RENDER = {"loading": _loading, "ps": _ps, "allreduce": _allreduce, "network": _network, "mnist": _mnist,
-          "mnist_lab": _mnist_on_lab_hosts, "elastic": _elastic, "gpu": _gpu,
-          "ddp": _ddp, "ddp_lab": _ddp_lab}
-
-
-def test_every_benchmark_has_a_renderer_and_the_bench_knows_each():
+def test_every_benchmark_has_a_page_renderer():
     from kit.bench import BENCHES
-    assert set(RENDER) == set(BENCHMARKS) == set(BENCHES)
+    from kit.bench.pages import BLOCKS
+    assert set(BLOCKS) == set(BENCHES)
 
 
-@pytest.mark.parametrize("name", BENCHMARKS)
-def test_the_benchmark_page_is_its_results_json_rendered(name):
-    """docs/benchmarks/NAME.md holds results/NAME.json's tables, rendered, and its summary line, word for word."""
-    x = _result(name)
-    page = (DOCS / "benchmarks" / f"{name}.md").read_text()
-    assert f"python -m kit.bench {name}" in page and f"results/{name}.json" in page
-    assert "> " + x["summary"] + "\n" in page, "the page's summary line is not results/NAME.json's summary"
-    missing = [block for block in RENDER[name](x) if _flat(block) not in _flat(page)]
-    assert not missing, f"docs/benchmarks/{name}.md lacks, as results/{name}.json renders it:\n" + "\n\n".join(missing)
+def test_the_committed_docs_are_what_make_docs_writes():
+    """docs/benchmarks/*.md and the README are what `python -m kit.bench render` (make docs) writes from
+    results/*.json: nothing between its markers is edited by hand."""
+    from kit.bench import render
+    stale = [str(path.relative_to(REPO)) for path, text in render.rendered(REPO).items() if path.read_text() != text]
+    assert not stale, f"run `make docs` (python -m kit.bench render): {stale} differ from what it renders"
 
 
-def _top_level_clauses(summary: str) -> list[str]:
-    """A summary's clauses: split at '; ' outside parentheses."""
-    out, depth, cur, i = [], 0, "", 0
-    while i < len(summary):
-        ch = summary[i]
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0 and summary.startswith("; ", i):
-            out.append(cur)
-            cur, i = "", i + 2
-            continue
-        cur, i = cur + ch, i + 1
-    return out + [cur]
+def test_every_benchmark_page_shows_its_summary_and_its_blocks():
+    from kit.bench import BENCHES, render
+    for name in BENCHES:
+        page = (DOCS / "benchmarks" / f"{name}.md").read_text()
+        keys = {m.group("key") for m in render.MARKER.finditer(page)}
+        x = json.loads((REPO / "results" / f"{name}.json").read_text())
+        assert f"python -m kit.bench {name}" in page and f"results/{name}.json" in page
+        assert keys == set(render.page_blocks(name, x)), f"{name}.md: every block once at least, and no other"
 
 
-def test_the_readme_results_at_a_glance_are_the_summaries_word_for_word():
-    """One line per benchmark, each made of clauses of its results/NAME.json summary, copied exactly (the first
-    clause may leave out the benchmark's name, which the line's link gives)."""
+def test_the_readme_lists_every_benchmark_of_the_registry():
+    from kit.bench import BENCHES
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Results at a glance"):]
     section = section[:section.index("\n## ")]
     lines = re.findall(r"^- \[(\w+)\]\(docs/benchmarks/(\w+)\.md\): (.+)$", section, re.M)
-    assert [n for n, _, _ in lines] == list(BENCHMARKS), "one line per benchmark, in the order of BENCHMARKS"
-    for name, page, text in lines:
-        assert name == page
-        clauses = _top_level_clauses(_result(name)["summary"])
-        first = clauses[0]
-        allowed = set(clauses) | {first.removeprefix(f"{name}: "), first.removeprefix(f"{name} ")}
-        for part in _top_level_clauses(text):
-            assert part in allowed, f"{name}: {part!r} is not a clause of results/{name}.json's summary"
+    assert [n for n, _, _ in lines] == list(BENCHES) and all(n == page for n, page, _ in lines)
+    for name in BENCHES:
+        assert f"`{name}`" in readme and f"[{name}](docs/benchmarks/{name}.md)" in readme
     assert len(re.findall(r"!\[[^\]]*\]\(results/\w+\.png\)", section)) == 2, "two figures"
+
+
+def test_a_results_line_is_short_and_says_why_a_check_did_not_hold(monkeypatch):
+    from kit.bench import render
+    from kit.checks import Check
+    x = {"summary": "ddp_lab: N=3 gloo engines; " + "; ".join(f"clause {i} " + "x" * 40 for i in range(9)),
+         "runs": [{"N": 3}]}
+    monkeypatch.setattr(render, "failed_checks", lambda name, x: [])
+    line = render.readme_line("ddp_lab", x)
+    assert len(line.split(": ", 1)[1]) <= render.README_LINE and "clause 0" in line and "clause 8" not in line
+    bad = Check("overlap", measured="1.3×", bound="≤ 1.15×", held=False, reason="no free core; more text")
+    monkeypatch.setattr(render, "failed_checks", lambda name, x: [bad])
+    line = render.readme_line("ddp_lab", x)
+    assert line.endswith("; **overlap** did not hold at N = 3: no free core")
+    assert len(line.split(": ", 1)[1]) <= render.README_LINE
 
 
 def test_the_readme_is_the_front_door_not_the_manual():

@@ -57,27 +57,65 @@ def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False) -> st
     return summary
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__.splitlines()[0])
-    p.add_argument("name", choices=[*BENCHES, "all"])
+LAB = ("network", "elastic", "mnist_lab", "ddp_lab")    # the benchmarks that build a kit.netlab lab: root only
+GPU = ("gpu",)                                          # the benchmarks that need an NVIDIA GPU
+
+
+def has_tiny(name: str) -> bool:
+    """Whether benchmark `name` offers a --tiny setting."""
+    module, func = BENCHES[name].split(":")
+    return "tiny" in inspect.signature(getattr(import_module(module), func)).parameters
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kit.bench", description=__doc__.splitlines()[0],
+                                epilog="`python -m kit.bench render` regenerates docs/benchmarks/*.md and the README's "
+                                       "results lines from results/*.json (make docs)")
+    p.add_argument("name", help=f"one of {', '.join(BENCHES)}; all (every benchmark this machine can run); render")
     p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the docs)")
-    p.add_argument("--tiny", action="store_true",
-                   help="smallest settings: a smoke run (ps, allreduce, network, mnist, mnist_lab)")
+    p.add_argument("--tiny", action="store_true", help="smallest settings: a smoke run (the benchmarks that have one)")
     p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
+    return p
+
+
+def _check_args(p: argparse.ArgumentParser, a) -> None:
+    """Refuse bad input with a clear error naming the argument, its value and what is allowed."""
+    if a.name not in (*BENCHES, "all", "render"):
+        p.error(f"argument name: {a.name!r} is not a benchmark; choose one of {', '.join(BENCHES)}, all or render")
+    if a.quick and a.tiny:
+        p.error("--quick and --tiny: give one of them (--tiny is the smaller)")
+    if a.name in BENCHES and a.tiny and not has_tiny(a.name):
+        with_tiny = ", ".join(n for n in BENCHES if has_tiny(n))
+        p.error(f"--tiny: benchmark {a.name!r} has no tiny setting (those with one: {with_tiny}); run it with --quick")
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"--out: {str(a.out)!r} is a file, not a folder")
+
+
+def main(argv=None):
+    p = _parser()
     a = p.parse_args(argv)
+    _check_args(p, a)
+    if a.name == "render":
+        from kit.bench.render import main as render
+        return render(Path.cwd())
     names = list(BENCHES) if a.name == "all" else [a.name]
     if a.name == "all" and os.geteuid() != 0:      # the lab's network namespaces need root
-        for lab_bench in ("network", "elastic", "mnist_lab", "ddp_lab"):
+        for lab_bench in LAB:
             print(f"kit.bench: skipping {lab_bench!r} (needs root for kit.netlab; run `sudo python -m kit.bench "
                   f"{lab_bench}`)")
             names.remove(lab_bench)
     if a.name == "all" and not sysinfo.gpus():
-        print("kit.bench: skipping 'gpu' (no NVIDIA GPU here; run `python -m kit.bench gpu` on a GPU host)")
-        names.remove("gpu")
+        for gpu_bench in GPU:
+            print(f"kit.bench: skipping {gpu_bench!r} (no NVIDIA GPU here; run `python -m kit.bench {gpu_bench}` on a "
+                  "GPU host)")
+            names.remove(gpu_bench)
+    if a.name == "all" and a.tiny:
+        for name in [n for n in names if not has_tiny(n)]:
+            print(f"kit.bench: skipping {name!r} (no tiny setting)")
+            names.remove(name)
     summaries = [run(n, a.out, a.quick, a.tiny) for n in names]
     for s in summaries:
         print(s)
-
 
 
 from kit import _lazy_submodules  # noqa: E402

@@ -48,8 +48,8 @@ def model_check(x: dict, cores: int) -> Check:
     held = model_saved > 0 and 1 / MODEL_FACTOR <= ratio <= MODEL_FACTOR
     return Check("α–β model", measured=f"measured saving {saved:.1f} ms = {ratio:.2f}× the model's {model_saved:.1f} "
                  "ms", bound=f"within {MODEL_FACTOR:g}× either way", held=held, reason="" if held else
-                 f"{x['N']} processes share {cores} cores, so each message also waits for its receiver to be "
-                 "scheduled, which the ping-pong between two processes measures only in part",
+                 f"{x['N']} processes share {cores} cores: each message also waits for its receiver to be "
+                 "scheduled; the ping-pong of two processes measures that only in part",
                  detail=f"With α = {x['alpha_s'] * 1e6:.0f} µs and B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s "
                  f"(ping-pong on this job), the model puts a step's allreduces at {many['model_comm_ms']:.1f} ms "
                  f"with {many['calls']} messages and {few['model_comm_ms']:.1f} ms with {few['calls']}: "
@@ -63,7 +63,7 @@ def overlap_check(x: dict, cores: int) -> Check:
     held = over < naive
     return Check("overlap", measured=f"naive {naive:.1f} ms, overlapped {over:.1f} ms per step",
                  bound="overlapped < naive", held=held, reason="" if held else
-                 f"with {x['N']} engines on {cores} cores no core is free for Gloo's thread to run beside backward",
+                 f"{x['N']} engines on {cores} cores: no core is free for Gloo's thread beside backward",
                  detail=f"Overlap saved {naive - over:.1f} ms" if held else "")
 
 

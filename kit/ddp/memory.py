@@ -55,8 +55,8 @@ def _stage_check(x: dict, stage: int, name: str) -> Check:
     parts = (f"parameters {p['params']:,} B, gradients {p['grads']:,} B, optimizer state {p['optimizer']:,} B, "
              f"temporary buffers {p['temporary']:,} B")
     reason = "" if held else (
-        f"at its peak this rank held {parts}: the gradients were {p['grads'] / K:.2f}× K and the temporaries "
-        f"{p['temporary'] / K:.2f}× K, where the formula has {'K' if stage < 2 else 'K/N'} and none")
+        f"at its peak the gradients were {p['grads'] / K:.2f}× K and the temporaries {p['temporary'] / K:.2f}× K, "
+        f"where the formula has {'K' if stage < 2 else 'K/N'} and none")
     return Check(name, measured=f"{r['label']} held {share:.3f} of the full state {3 * K:,} B at its peak",
                  bound=f"ZeRO-{stage}'s {bound:.3f} (+{100 * MEMORY_TOL:.0f}%)", held=held, reason=reason,
                  detail=f"At that moment: {parts}")

@@ -9,7 +9,7 @@ from kit.mnist.model import (
 from kit.mnist.tfimport import import_tf_quietly
 from kit.mnist.callbacks import epoch_log
 from kit.mnist.throughput import engine_throughput, synthetic_throughput, paired_runs, explain_threads, readme_table
-from kit.mnist.torch_model import torch_model
+from kit.mnist.torch_cnn import torch_model
 from kit.mnist.script import REPO, TRAIN, TRAIN_FILE, launch_env, paired_throughput
 from kit.mnist.checkpoint import (
     CKPT_RE, CheckpointError, check_writable, checkpoint_callback, latest_good_checkpoint, list_checkpoints, resume,

@@ -1,0 +1,143 @@
+"""The blocks of each benchmark's page, rendered from its results/NAME.json: the kit's own renderer where the kit
+has one (the notebooks show the same tables), else the columns the JSON records, formatted here. kit.bench.render
+puts block i of BLOCKS[NAME](x) between `<!-- render NAME:i -->` and `<!-- /render -->` in docs/benchmarks/NAME.md."""
+from __future__ import annotations
+
+
+def loading(x: dict) -> list[str]:
+    """Return the sweep table and the lesson's verdict (docs/benchmarks/loading.md)."""
+    rows = ["| num_workers | samples/s | busy | wait ms | step ms | model ms | model error (held out) |",
+            "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in x["sweep"]:
+        err = "fitted" if r["workers"] in x["fit_workers"] else f"{100 * r['model_error']:.1f}%"
+        rows.append(f"| {r['workers']} | {r['samples_per_s']:.0f} | {100 * r['busy']:.0f}% | {r['wait_ms']:.1f} | "
+                    f"{r['step_ms']:.1f} | {r['predicted_ms']:.1f} | {err} |")
+    from types import SimpleNamespace
+
+    from kit.data.lesson import verdict
+    sweep, lesson = x["sweep"], x["lesson"]
+    best, zero = next(r for r in sweep if r["workers"] == x["best_workers"]), sweep[0]
+    res = {"rows": sweep, "best": best, "at_0": zero, "speedup": best["samples_per_s"] / zero["samples_per_s"]}
+    load = SimpleNamespace(others=lesson["others"], cores=lesson["cores"])
+    assert verdict(res, lesson["alone_ms"] / 1e3, load) == (lesson["held"], lesson["text"]), "the stored verdict"
+    return ["\n".join(rows), lesson["text"]]
+
+
+def ps(x: dict) -> list[str]:
+    """Return the bytes table, the model table, K (docs/benchmarks/ps.md)."""
+    assert all(r["bytes_exact"] for r in x["training"])
+    bytes_rows = ["| N | k | server in (B) | server out (B) | = N·K/k exactly |", "|---|---|---|---|---|"]
+    bytes_rows += [f"| {r['N']} | {r['k']} | {r['server_in']:,} | {r['server_out']:,} | {r['bytes_exact']} |"
+                   for r in x["training"]]
+    model = ["| N | k | K (MB) | empty ms | measured ms | predicted ms | error | plain 2(α + N·K/B) ms | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in x["exchange"]:
+        plain = r["measured_ms"] / r["predicted_one_host_ms"] - 1
+        model.append(f"| {r['N']} | {r['k']} | {r['K'] / 1e6:.1f} | {r['empty_ms']:.2f} | {r['measured_ms']:.1f} | "
+                     f"{r['predicted_ms']:.1f} | {r['error']:+.0%} | {r['predicted_one_host_ms']:.1f} | {plain:+.0%} |")
+    return ["\n".join(bytes_rows), "\n".join(model), f"K = {x['training'][0]['K']:,} bytes"]
+
+
+def allreduce(x: dict) -> list[str]:
+    """Return the busbw table, the fusion table, the model's points (docs/benchmarks/allreduce.md)."""
+    from kit.bench.allreduce import readme_table
+    fusion = ["| 100 tensors of 4 KB | one by one | in one call |", "|---|---|---|"]
+    fusion += [f"| {impl} | {1e3 * t['one_by_one']:.1f} ms | {1e3 * t['fused']:.1f} ms |"
+               for impl, t in x["fusion_100x4KB_s"].items()]
+    ring = ", ".join(f"N = {n}: {1e3 * s:.1f} ms" for n, s in x["model_points"]["kit ring"].items())
+    ab = f"α = {x['alpha_s'] * 1e6:.0f} µs and B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s"
+    return [readme_table(x), "\n".join(fusion), f"{x['model_bytes'] >> 20} MB", ring, ab]
+
+
+def network(x: dict) -> list[str]:
+    """Return the README tables (docs/benchmarks/network.md)."""
+    from kit.plots.network import readme_tables
+    return [readme_tables(x, max(x["sizes"]))]
+
+
+def mnist(x: dict) -> list[str]:
+    """Return the throughput table, the accuracy seeds and claim (docs/benchmarks/mnist.md)."""
+    from kit.mnist import accuracy_claim, accuracy_table, readme_table
+    return [readme_table(x)] + ([accuracy_table(x), accuracy_claim(x)] if "accuracy_seeds" in x else [])
+
+
+def mnist_lab(x: dict) -> list[str]:
+    """Return the scaling table, K (docs/benchmarks/mnist_lab.md)."""
+    from kit.mnist.lab import table
+    return [table(x), f"K = {x['gradient_bytes']:,} bytes"]
+
+
+def ddp(x: dict) -> list[str]:
+    """Return the schemes table, ZeRO's stages, the Horovod note, the setup, the machine, the sweep, the checks."""
+    from kit.checks import markdown
+    from kit.ddp.lessons import all_checks
+    from kit.ddp.memory import memory_table
+    from kit.ddp.schemes import horovod_note, table
+    m, cfg = x["machine"], x["cfg"]
+    sweep = "\n".join(f"- {r['label']}: {r['calls']} allreduce(s), model {r['model_comm_ms']:.1f} ms, measured step "
+                      f"{r['step_ms']:.1f} ms" for r in x["rows"] if r["scheme"].startswith("buckets:"))
+    return [table(x), memory_table(x), horovod_note(x),
+            f"layer widths {tuple(cfg['sizes'])}, K = {x['K']:,} bytes of float32 parameters in {x['tensors']} "
+            f"tensors; {cfg['warmup']} warm-up and {cfg['reps']} timed steps; global batches of {x['N']} × "
+            f"{cfg['batch']} samples",
+            f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
+            f"({x['seconds']:.0f} s)",
+            f"α = {x['alpha_s'] * 1e6:.0f} µs and B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s", sweep,
+            markdown(all_checks(x, m["cpu_cores"]), details=False)]
+
+
+def ddp_lab(x: dict) -> list[str]:
+    """Return the machine, the setup, then per N: the table, the checks, the Horovod note, the timeline."""
+    from kit.checks import markdown
+    from kit.ddp.lab import claims, table, timeline_text
+    from kit.ddp.schemes import horovod_note
+    m, first = x["machine"], x["runs"][0]
+    out = [f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
+           f"({x['seconds']:.0f} s)",
+           f"{first['cfg']['warmup']} warm-up and {first['cfg']['reps']} timed steps each, batch "
+           f"{first['cfg']['batch']} per rank, on the same MLP (K = {first['K']:,} bytes in {first['tensors']} "
+           "tensors)"]
+    for run in x["runs"]:
+        out += [table(run), markdown(claims(run)), horovod_note(run), timeline_text(run)]
+    return out
+
+
+def elastic(x: dict) -> list[str]:
+    """Return the runs table, the Gloo timeout (docs/benchmarks/elastic.md)."""
+    from kit.mnist import elastic
+    rows = []
+    for i, run in enumerate(x["runs"], 1):
+        again = elastic.summarize(run["events"], run["t_cut"], run["t_restore"])    # the events say the same
+        assert again["lost_batches"] == run["lost_batches"] and again["pauses"] == run["pauses"], i
+        back = next((p["seconds"] for p in run["pauses"] if p["t"] > run["t_restore"]), 0.0)
+        sizes = run["batches_at_size"]
+        rows.append(f"| {i} | {run['seconds_to_carry_on']:.1f} s | {run['lost_batches'][0]} | "
+                    f"{run['seconds_to_rejoin']:.1f} s | {back:.1f} s | {sizes.get('1', 0)} / {sizes.get('2', 0)} | "
+                    f"{run['final_accuracy']:.3f} |")
+    return ["\n".join(rows), f"Gloo timeout of {x['gloo_timeout_s']} s"]
+
+
+def gpu(x: dict) -> list[str]:
+    """Return the machine, the sizing, copies, the sweep, the allreduces (docs/benchmarks/gpu.md)."""
+    sweep, c, m, sz = x["sweep"], x["copy_gbps"], x["machine"], x["sizing"]
+    lo, hi = "0", max(sweep["False"], key=int)
+
+    def row(key, fmt):
+        return " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))
+    pinned = sweep["True"]
+    per_w = "\n".join(f"| {w} | {pinned[w]['samples_per_s']:.0f} | {100 * pinned[w]['busy']:.0f}% | "
+                      f"{pinned[w]['gpu_util']:.1f}% |" for w in sorted(pinned, key=int))
+    ars = [f"| {a['backend']} | " + (a["error"] if "error" in a else
+                                      f"{1000 * a['seconds']:.1f} ms, {a['busbw_gbps']:.1f} GB/s bus bandwidth") + " |"
+           for a in x["allreduce"]]
+    return [f"one {x['gpu']}, {m['cpu_cores']} cores, Python {m['versions']['python']}, PyTorch "
+            f"{m['versions']['torch']}, Horovod {m['versions']['horovod']}",
+            f"CNN width x{sz['width']}: its step {sz['t_step_ms']:.1f} ms against a batch's loading "
+            f"{sz['t_load_ms']:.1f} ms; {x['steps']} steps per setting",
+            f"| {c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s |", f"W = {lo} → {hi}",
+            row("samples_per_s", lambda v: f"{v:.0f}"), row("busy", lambda v: f"{100 * v:.0f}%"),
+            row("gpu_util", lambda v: f"{v:.1f}%"), per_w, *ars]
+
+
+BLOCKS = {"loading": loading, "ps": ps, "allreduce": allreduce, "network": network, "mnist": mnist,
+          "mnist_lab": mnist_lab, "elastic": elastic, "gpu": gpu, "ddp": ddp, "ddp_lab": ddp_lab}
