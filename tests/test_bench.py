@@ -61,6 +61,13 @@ def test_bad_input_is_a_clear_error_naming_the_argument(capsys, argv, says):
     assert e.value.code == 2 and err.startswith("usage: python -m kit.bench") and says in err, err
 
 
+def test_the_ring_cpu_benchmark_renders_its_recorded_rows():
+    from kit.bench.ring_cpu import summary, table
+    x = json.loads((KIT.parent / "results" / "ring_cpu.json").read_text())
+    assert summary(x["rows"]) == x["summary"]                          # the recorded line is what its rows say
+    assert table(x).count("\n") == len(x["rows"]) + 1 and "| 8 | kit ring | 4 MB |" in table(x)
+
+
 def test_no_kit_module_switches_the_matplotlib_backend():
     """Notebooks show, benchmarks save on a Figure without pyplot: no module of kit switches the backend."""
     calls = {str(p.relative_to(KIT)): re.findall(r"matplotlib\.use\(|plt\.switch_backend\(", p.read_text())

@@ -21,7 +21,8 @@ from kit import sysinfo
 # name -> "module:function"; each function takes (out_dir: Path, quick: bool[, tiny: bool]) and returns
 # (result dict, summary). The function calls the experiments its notebook calls, with the benchmark's settings.
 BENCHES = {name: f"kit.bench.{name}:bench" for name in
-           ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab", "ddp", "ddp_lab")}
+           ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab", "ddp", "ddp_lab",
+            "ring_cpu")}
 
 
 _T0 = time.monotonic()
@@ -57,8 +58,8 @@ def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False) -> st
     return summary
 
 
-LAB = ("network", "elastic", "mnist_lab", "ddp_lab")    # the benchmarks that build a kit.netlab lab: root only
-GPU = ("gpu",)                                          # the benchmarks that need an NVIDIA GPU
+LAB = ("network", "elastic", "mnist_lab", "ddp_lab", "ring_cpu")   # build a kit.netlab lab: root only
+GPU = ("gpu",)                                                      # need an NVIDIA GPU
 
 
 def has_tiny(name: str) -> bool:

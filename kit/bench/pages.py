@@ -139,5 +139,12 @@ def gpu(x: dict) -> list[str]:
             row("gpu_util", lambda v: f"{v:.1f}%"), per_w, *ars]
 
 
+def ring_cpu(x: dict) -> list[str]:
+    """Return the rows' table (docs/benchmarks/ring_cpu.md)."""
+    from kit.bench.ring_cpu import table
+    return [table(x)]
+
+
 BLOCKS = {"loading": loading, "ps": ps, "allreduce": allreduce, "network": network, "mnist": mnist,
-          "mnist_lab": mnist_lab, "elastic": elastic, "gpu": gpu, "ddp": ddp, "ddp_lab": ddp_lab}
+          "mnist_lab": mnist_lab, "elastic": elastic, "gpu": gpu, "ddp": ddp, "ddp_lab": ddp_lab,
+          "ring_cpu": ring_cpu}

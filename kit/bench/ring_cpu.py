@@ -1,17 +1,11 @@
-"""What limits the kit's ring against torch.distributed's at N hosts on the 1 Gbit/s lab: time, busbw, and the CPU
-the engines and the whole machine spent per call, for torch.distributed's all_reduce and the kit ring at several
-piece sizes (docs/benchmarks/network.md, "Bandwidth"). Root only (it starts a lab).
-
-    python scripts/ring_cpu.py [N ...] [--out results/ring_cpu.json]
-
-Prints one JSON line per measurement, then a one-line summary. About a minute at N = 8 on 2 cores.
+"""`python -m kit.bench ring_cpu` (root: kit.netlab): what limits the kit's ring against torch.distributed's at N
+hosts on the 1 Gbit/s lab: time, busbw, and the CPU the engines and the whole machine spent per call, for
+torch.distributed's all_reduce and the kit ring at several piece sizes (docs/benchmarks/ring_cpu.md, and
+docs/benchmarks/network.md, "Bandwidth"). A lab per N (2, 4, 8); about a minute at N = 8 on 2 cores.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import time
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -49,20 +43,21 @@ def engine(impl: str, nbytes: int, reps: int, piece: int) -> dict:
     return {"seconds": secs, "cpu": cpu / reps, "ok": ok}
 
 
-def measure(n: int) -> list[dict]:
+def measure(n: int, nbytes: int = K) -> list[dict]:
+    """Run every RUNS entry on a lab of n hosts at 1 Gbit/s, one engine each; return one row per run."""
     rows = []
     with netlab.start(hosts=n, rate="1gbit") as lab:
         with kc.start(n=n, backend="gloo", hosts=lab, timeout=300, quiet=True) as c:
             c.init_process_group()
             for impl, piece in RUNS:
                 m0 = psutil.cpu_times()
-                per_rank = c.wait(c.view.apply_async(engine, impl, K, REPS, piece))
+                per_rank = c.wait(c.view.apply_async(engine, impl, nbytes, REPS, piece))
                 m1 = psutil.cpu_times()
                 busy = sum(getattr(m1, f) - getattr(m0, f) for f in ("user", "system", "irq", "softirq", "nice"))
                 idle = m1.idle - m0.idle + m1.iowait - m0.iowait
                 t = float(np.median([max(r["seconds"][i] for r in per_rank) for i in range(REPS)]))
-                rows.append({"impl": impl, "piece_bytes": piece, "N": n, "bytes": K, "seconds": t,
-                             "busbw_share": K / t * 2 * (n - 1) / n / (netlab.parse_rate("1gbit") / 8),
+                rows.append({"impl": impl, "piece_bytes": piece, "N": n, "bytes": nbytes, "seconds": t,
+                             "busbw_share": nbytes / t * 2 * (n - 1) / n / (netlab.parse_rate("1gbit") / 8),
                              "engine_cpu_s_per_call": sum(r["cpu"] for r in per_rank),
                              "machine_busy": busy / (busy + idle), "ok": all(r["ok"] for r in per_rank)})
                 print(json.dumps(rows[-1]), flush=True)
@@ -70,6 +65,7 @@ def measure(n: int) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> str:
+    """Return the one-line summary: per N, each implementation's share of the link and CPU seconds per call."""
     return " | ".join(_summary([r for r in rows if r["N"] == n]) for n in sorted({r["N"] for r in rows}))
 
 
@@ -80,25 +76,33 @@ def _summary(rows: list[dict]) -> str:
                 f"engines {min(r['engine_cpu_s_per_call'] for r in sel):.2f}-"
                 f"{max(r['engine_cpu_s_per_call'] for r in sel):.2f} CPU s per call")
     pieces = sorted({r["piece_bytes"] for r in rows if r["impl"] == "ring"})
-    return (f"ring_cpu N={rows[0]['N']}, 64 MB, 1gbit: torch.distributed {agg('torch')}; "
+    return (f"ring_cpu N={rows[0]['N']}, {rows[0]['bytes'] >> 20} MB, 1gbit: torch.distributed {agg('torch')}; "
             + "; ".join(f"kit ring {p >> 20} MB pieces {agg('ring', p)}" for p in pieces)
             + f"; all sums correct: {all(r['ok'] for r in rows)}")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("n", nargs="*", type=int, default=[8], help="hosts, one engine each, one lab per N (default 8)")
-    ap.add_argument("--out", type=Path, default=Path("results/ring_cpu.json"))
-    args = ap.parse_args(argv)
-    if any(n < 2 for n in args.n):
-        ap.error("every N must be at least 2: a ring needs neighbours")
-    t0 = time.time()
-    rows = [r for n in args.n for r in measure(n)]
-    line = summary(rows)
-    args.out.write_text(json.dumps({"rows": rows, "summary": line, "seconds": time.time() - t0,
-                                    "machine": f"{psutil.cpu_count()} cores"}, indent=1) + "\n")
-    print(line)
+SETTINGS = {"tiny": dict(ns=(2,), nbytes=4 << 20), "quick": dict(ns=(2,), nbytes=K),
+            "full": dict(ns=(2, 4, 8), nbytes=K)}
 
 
-if __name__ == "__main__":
-    main()
+def bench(out_dir, quick: bool = False, tiny: bool = False):
+    """Measure each N of the setting; return the rows and the summary."""
+    from kit.bench import say
+    s = SETTINGS["tiny" if tiny else "quick" if quick else "full"]
+    rows = []
+    for n in s["ns"]:
+        say(f"ring_cpu: a lab of {n} hosts at 1gbit")
+        rows += measure(n, s["nbytes"])
+    return {"rows": rows}, summary(rows)
+
+
+def table(x: dict) -> str:
+    """The markdown table of a run: per N and implementation, time, share of the link, CPU per call."""
+    out = ["| N | implementation | pieces | ms per call | busbw / link | engines' CPU s per call | machine busy |",
+           "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in x["rows"]:
+        pieces = f"{r['piece_bytes'] >> 20} MB" if r["piece_bytes"] else "–"
+        name = "torch.distributed" if r["impl"] == "torch" else "kit ring"
+        out.append(f"| {r['N']} | {name} | {pieces} | {1e3 * r['seconds']:.0f} | {r['busbw_share']:.0%} | "
+                   f"{r['engine_cpu_s_per_call']:.2f} | {r['machine_busy']:.0%} |")
+    return "\n".join(out)
