@@ -175,9 +175,9 @@ def test_tensorflow_then_a_torch_optimizer_in_one_process():
 def test_every_path_the_kit_gives_child_processes_holds_the_kit_package():
     """KIT_ROOT (PYTHONPATH of remote engines and lab servers) and kit.mnist.REPO (the jobs' working directory) are
     the folder that holds `kit`, never `kit/` itself: there `kit/comm` would shadow Jupyter's `comm` package."""
-    from kit.bench import network
+    from kit.netlab import exchange
     from kit.cluster import remote
-    for path in (remote.KIT_ROOT, network.KIT_ROOT, str(kit.mnist.REPO)):
+    for path in (remote.KIT_ROOT, exchange.KIT_ROOT, str(kit.mnist.REPO)):
         assert os.path.isfile(os.path.join(path, "kit", "__init__.py")), path
 
 

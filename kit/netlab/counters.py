@@ -2,7 +2,7 @@
 
     c0 = counters(); ...; c1 = counters()      # {"tx": bytes sent, "rx": bytes received} since the NIC came up
 
-Read inside a host's namespace (an engine or server running on that host); `kit.comm.lab_exchange` and notebook
+Read inside a host's namespace (an engine or server running on that host); `kit.netlab.exchange` and notebook
 05's lab run count the bytes around their timed calls with it.
 """
 from __future__ import annotations
