@@ -33,7 +33,9 @@ LOADER = r"DataLoader.*__next__$"            # enumerate(DataLoader)#_SingleProc
                                              # _MultiProcessingDataLoaderIter): the step waiting for its batch
 COMPUTE = r"^compute$"                       # the record_function span `compute()` puts around the training step
 BACKWARD = r"^autograd::engine::evaluate_function: "       # one per backward op (the autograd engine's nodes)
-COLLECTIVE = r"^(gloo|nccl|mpi|ucc):|^c10d::|^(all_?reduce|reduce_?scatter|all_?gather|broadcast)"
+COLLECTIVE = r"^(gloo|nccl|mpi|ucc):|^(all_?reduce|reduce_?scatter|all_?gather|broadcast)"   # the work itself:
+# Gloo's `gloo:all_reduce` runs on its own threads, from launch to completion (waiting for peers included)
+LAUNCH = r"^c10d::"                          # c10d::allreduce_ etc.: the calling thread only launches the work
 KERNEL_CATS = ("kernel", "gpu_memcpy", "gpu_memset")   # device activity in a CUDA trace
 EVENT_KEYS = ("ph", "ts", "dur", "name", "pid", "tid")
 
