@@ -80,10 +80,9 @@ def check_hosts(hosts, n: int) -> str | Hosts | None:
 def check_ip(ip) -> str:
     """Return `ip` if it is an IPv4 or IPv6 address (a string), else raise ArgumentError."""
     try:
-        ipaddress.ip_address(ip)
+        return str(ipaddress.ip_address(ip))
     except ValueError:
         raise _bad("ip", ip, "an address of this machine, e.g. '127.0.0.1' (the default) or lab.addr") from None
-    return ip
 
 
 def check_start(*, n, backend, timeout, devices, share_gpus, threads, mpiexec, hosts, slurm, ip, quiet,
