@@ -13,7 +13,7 @@ TEST_WORKERS ?= 2
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: setup lab test test-fast lint test-gpu gpu-present bench docs clean
+.PHONY: setup lab test test-fast lint test-gpu gpu-present bench docs book clean
 
 setup:
 	@PYTHON_BOOT=$(PYTHON_BOOT) VENV=$(VENV) TORCH=$(TORCH) bash scripts/setup_env.sh
@@ -27,7 +27,8 @@ test: setup
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=25 \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=900 $(PYTEST_ARGS) tests notebooks
 
-# For editing and before every commit: the linter, then every test without engines, lab, browser or notebooks.
+# For editing and before every commit: the linter, then every test without a tier marker (docs/testing.md), each
+# under the guard that fails it if it starts a process, engines, a lab or a browser.
 test-fast: setup
 	$(PY) -m ruff check kit tests scripts
 	$(PY) -m pytest -p no:cacheprovider -q --durations=10 -m "not (engines or lab or browser or notebook or gpu)" \
@@ -51,6 +52,11 @@ bench: setup
 # (`python -m kit.bench render`; tests/test_packaging.py checks that the committed files are what it writes).
 docs: setup
 	$(PY) -m kit.bench render
+
+# The book: every notebook (their committed outputs; nothing is executed), the README and docs/ as a static site
+# in book/_build/html, offline (Sphinx + MyST-NB, book/conf.py). Open book/_build/html/index.html.
+book: setup
+	$(PY) book/build.py
 
 # What the build makes: the venv (Horovod built inside it), the package's metadata, caches, benchmark scratch.
 clean:
