@@ -90,6 +90,10 @@ def test_keras_pydataset_and_tf_data_yield_the_pipeline(store):
     assert np.array_equal(x[0], data.load_sample(store, int(kd.order[0]))[0])
     tx, ty = next(iter(data_tf.tf_dataset(store, batch_size=16, parallel="autotune").as_numpy_iterator()))
     assert tx.shape == (16, 1, 28, 28) and tx.dtype == np.float32 and ty.shape == (16,)
+    bx, _ = next(iter(data_tf.tf_dataset(store, batch_size=16, prefetch=4).as_numpy_iterator()))   # a set buffer
+    assert np.array_equal(bx, next(iter(data_tf.tf_dataset(store, batch_size=16, prefetch=False)))[0].numpy())
+    with pytest.raises(ValueError, match="prefetch must be True .AUTOTUNE., False or a buffer of n >= 1"):
+        data_tf.tf_dataset(store, prefetch=0)
 
 
 # --- the monitor ---------------------------------------------------------------------------------------------

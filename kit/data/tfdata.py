@@ -70,8 +70,11 @@ def measure_keras(model, dataset, steps: int = 40, warmup: int = 3) -> monitor.M
 
 # --- tf.data -------------------------------------------------------------------------------------------------
 def tf_dataset(store: ImageStore, batch_size: int = 64, io_ms: float = 0.0, parallel=None,
-               prefetch: bool = True, seed: int = 0):
-    """Return the pipeline as tf.data: map(load, num_parallel_calls=parallel) -> batch -> prefetch(AUTOTUNE)."""
+               prefetch: bool | int = True, seed: int = 0):
+    """Return the pipeline as tf.data: map(load, num_parallel_calls=parallel) -> batch -> prefetch(AUTOTUNE), or
+    prefetch(n) for an integer n >= 1, or no prefetch (False)."""
+    if prefetch is not True and prefetch is not False and not (isinstance(prefetch, int) and prefetch >= 1):
+        raise ValueError(f"prefetch must be True (AUTOTUNE), False or a buffer of n >= 1 batches, got {prefetch!r}")
     import tensorflow as tf
     calls = tf.data.AUTOTUNE if parallel == "autotune" else parallel
 
@@ -89,7 +92,9 @@ def tf_dataset(store: ImageStore, batch_size: int = 64, io_ms: float = 0.0, para
     options.experimental_optimization.map_parallelization = False   # keep `parallel=None` really sequential
     options.experimental_optimization.inject_prefetch = False       # and add no prefetch we did not ask for
     ds = ds.with_options(options)
-    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds
+    if prefetch is False:
+        return ds
+    return ds.prefetch(tf.data.AUTOTUNE if prefetch is True else prefetch)
 
 
 def tf_batches(ds):
