@@ -8,7 +8,7 @@ Ranks 0..k-1 are servers (server s owns shard s of the flat parameter vector); r
 Every tensor travels as a torch.distributed message over `kit.comm.link.Link`, which counts the bytes it moves.
 The algorithm is `push`, `pull`, `server_step` and `server_step_async`; the rest is plumbing (`train(...,
 algorithm={"push": f, ...})` runs a reader's own versions, as notebook 02 does). The cost model is
-`kit.comm.costmodel`, the measurements behind notebook 02's tables `kit.bench.ps`.
+`kit.comm.costmodel`, the measurements behind notebook 02's tables `kit.comm.ps_measure`.
 """
 from __future__ import annotations
 

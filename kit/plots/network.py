@@ -1,4 +1,4 @@
-"""Figures and summary of `kit.bench.network` (notebooks 02, 03 and `python -m kit.bench network`).
+"""Figures and summary of `kit.netlab.exchange` runs (notebooks 02, 03 and `python -m kit.bench network`).
 
     plot_network(x, K)         three panels: time vs N with the model's lines, busbw vs size with the link rate,
                                bytes per host vs N from the NIC counters
