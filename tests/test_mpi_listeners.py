@@ -1,20 +1,23 @@
-"""backend="mpi" and the network (issue 50): what `mpiexec` (Open MPI 5's `prterun`) listens on.
+"""backend="mpi" and the network (issue 50): what `mpiexec` (Open MPI 5's `prterun`) and the engines listen on.
 
-The ranks of a one-host job talk through shared memory (no TCP listener of theirs; test_cluster.py's 4-engine job
-lists every listener). prterun's own daemon-control (OOB) listener cannot be kept off 0.0.0.0 and [::] with the
-Open MPI that pip installs: PRRTE drops loopback before it reads the include list, so `prte_if_include=lo` selects
-nothing and prterun refuses to start, and the listener binds the wildcard whatever the list says
-(open-mpi/ompi#14441, fixed by openpmix/prrte#2788 after Open MPI 5.0.x). This test checks that this is still so;
-when it fails, the Open MPI here has the fix: pass `--prtemca prte_if_include lo` in
-kit.cluster.launchers.MPILauncher.configure and let test_cluster.py allow no wildcard listener for mpi either."""
+The ranks of a one-host job talk through shared memory (no TCP transport). prterun's own daemon-control (OOB)
+listener cannot be kept off 0.0.0.0 and [::] by Open MPI's settings in the Open MPI that pip installs: PRRTE drops
+loopback before it reads the include list, so `prte_if_include=lo` selects nothing and prterun refuses to start,
+and the listener binds the wildcard whatever the list says (open-mpi/ompi#14441, fixed by openpmix/prrte#2788
+after Open MPI 5.0.x). So the kit preloads kit.cluster.loopback into mpiexec: its wildcard binds become loopback.
+The first test checks that the upstream bug is still there; when it fails, the Open MPI here has the fix: pass
+`--prtemca prte_if_include lo` in kit.cluster.launchers.MPILauncher.configure and drop kit.cluster.loopback."""
 import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 import kit.cluster as kc
+from conftest import descendants
 from kit import env
+from kit.cluster import loopback
 
 pytestmark = pytest.mark.engines
 
@@ -35,3 +38,30 @@ def test_prterun_cannot_yet_be_kept_off_the_wildcard_addresses(no_leaks):
     assert p.returncode != 0 and "No network interfaces were found for out-of-band communications" in out, (
         "prterun started with only loopback: the PRRTE fix (openpmix/prrte#2788) has arrived, see this module's "
         f"docstring. Its output: {out[-2000:]}")
+
+
+@pytest.mark.timeout(600)
+def test_a_one_host_mpi_job_listens_on_loopback_only(no_leaks):
+    with kc.start(2, "mpi", timeout=30, quiet=True) as c:
+        assert len(set(c.view.apply_sync(os.getpid))) == 2
+        procs = [psutil.Process(pid) for pid in descendants()]
+        listening = {(conn.laddr.ip, p.name()) for p in procs for conn in _listeners(p)}
+        assert any(name == "prterun" for _, name in listening), listening   # mpiexec's listener is there...
+        wild = {(ip, name) for ip, name in listening if ip not in ("127.0.0.1", "::1")}
+        assert not wild, listening                                            # ...on loopback, as every other
+
+
+def _listeners(p):
+    try:
+        return [conn for conn in p.net_connections("inet") if conn.status == psutil.CONN_LISTEN]
+    except psutil.Error:
+        return []
+
+
+def test_the_preload_library_is_never_taken_from_a_folder_others_may_write(tmp_path, monkeypatch):
+    shared = tmp_path / "cache"
+    (shared / "kit").mkdir(parents=True)
+    (shared / "kit").chmod(0o777)                 # another user could swap the library for their own code
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
+    assert loopback.library() is None and loopback.preload_env() == {}
+    assert not list((shared / "kit").iterdir())    # nothing built there either

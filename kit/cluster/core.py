@@ -37,7 +37,7 @@ class Cluster(guard.Refusing):
                  hosts: str | list[str] | Hosts | None = None, slurm=None, ip: str = LOCALHOST, quiet: bool = False):
         a = check_start(n=n, backend=backend, timeout=timeout, devices=devices, share_gpus=share_gpus,
                         threads=threads, mpiexec=mpiexec, hosts=hosts, slurm=slurm, ip=ip, quiet=quiet,
-                        backends=BACKENDS)
+                        backends=tuple(LAUNCHERS))   # LAUNCHERS: a new way is one entry
         n, ip, mpiexec = a["n"], a["ip"], a["mpiexec"]
         if a["hosts"] is None and slurm is None:
             self.hosts, self.launcher = None, launcher(backend, ip=ip, mpiexec=mpiexec)

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 
 from kit import env, sysinfo
-from kit.cluster import engines
+from kit.cluster import engines, loopback
 
 LOCALHOST = "127.0.0.1"
 
@@ -283,7 +283,8 @@ class MPILauncher(Launcher):
             # oob_tcp_if_include) makes prterun refuse to start ("No network interfaces were found for out-of-band
             # communications"), oob_tcp_disable_ipv6 leaves [::]: open-mpi/ompi#14441, fixed in PRRTE after the
             # Open MPI 5.0.x that pip installs (openpmix/prrte#2788); tests/test_mpi_listeners.py notices the fix.
-            cfg.environment.update(OMPI_MCA_btl="self,sm")
+            # Until then a preload library binds mpiexec's (and the engines') wildcard listeners to loopback.
+            cfg.environment.update(OMPI_MCA_btl="self,sm", **loopback.preload_env())
 
     def rank_order(self, info):
         return sorted(info, key=lambda e: info[e]["mpi"]["rank"])
