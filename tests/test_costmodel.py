@@ -163,3 +163,14 @@ def test_exercise_3_grades_the_server_never_wins_as_wrong_when_it_does():
     # A server that pays its messages one after another (o = alpha) never wins: then False and 0 are right.
     serial = lambda K: cm.t_comm_ps(N, K, alpha, B, o=alpha) - cm.t_comm_ring(N, K, alpha, B)  # noqa: E731
     assert check_ring_vs_ps(serial, 0, False, alpha, alpha, B, N) == "exercise 3: correct"
+
+
+def test_latency_table_fits_the_servers_empty_steps(monkeypatch):
+    """kit.comm.ps_measure.latency_table with the engines replaced by a server paying 2(alpha + (N-1) o)."""
+    from kit.comm import ps_measure
+    alpha, o = 90e-6, 30e-6
+    monkeypatch.setattr(ps_measure, "exchange", lambda cluster, n, k, floats, steps: {
+        "measured_ms": 1e3 * 2 * (alpha + (n - 1) * o)})
+    lat = ps_measure.latency_table(type("C", (), {"size": 5})(), runs=2)
+    assert lat["ns"] == [1, 2, 3, 4] and lat["alpha"] == pytest.approx(alpha) and lat["o"] == pytest.approx(o)
+    assert all(lo == hi for lo, hi in lat["range"])
