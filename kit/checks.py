@@ -5,7 +5,7 @@
     display(Markdown(markdown([c, ...])))      # - **fp16** held: 0.502× DDP's bytes on each NIC (bound: ...). ...
     summary_line([c, ...])                     # "checks: fp16 held; bytes did not hold because ..."
 
-A check that did not hold says so and why: "did not hold on this run: MEASURED (bound BOUND), because REASON".
+A check that did not hold says so and why: "**did not hold** on this run: MEASURED (bound: BOUND), because REASON".
 """
 from __future__ import annotations
 
@@ -40,16 +40,15 @@ def verdict(c: Check) -> str:
     """Return one check's verdict as a sentence: held, or did not hold … because …."""
     if c.held:
         return f"held: {c.measured} (bound: {c.bound})"
-    return f"did not hold on this run: {c.measured} (bound: {c.bound}), because {c.reason}"
+    return f"**did not hold** on this run: {c.measured} (bound: {c.bound}), because {c.reason}"
 
 
 def markdown(checks: list[Check], details: bool = True) -> str:
     """Return the notebook's Markdown: one bullet per check, its verdict, then (with `details`) its detail."""
     lines = []
     for c in checks:
-        name = f"**{c.name}**" if c.held else f"**{c.name}** (**did not hold**)"
         detail = f" {c.detail}." if c.detail and details else ""
-        lines.append(f"- {name} {verdict(c)}.{detail}")
+        lines.append(f"- **{c.name}** {verdict(c)}.{detail}")
     return "\n".join(lines)
 
 

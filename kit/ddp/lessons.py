@@ -61,7 +61,7 @@ def overlap_check(x: dict, cores: int) -> Check:
     s = by_scheme(x)
     naive, over = s["naive"]["step_ms"], s["overlap"]["step_ms"]
     held = over < naive
-    return Check("overlap", measured=f"naive {naive:.1f} ms, overlapped {over:.1f} ms per step",
+    return Check("overlap on loopback", measured=f"naive {naive:.1f} ms, overlapped {over:.1f} ms per step",
                  bound="overlapped < naive", held=held, reason="" if held else
                  f"{x['N']} engines on {cores} cores: no core is free for Gloo's thread beside backward",
                  detail=f"Overlap saved {naive - over:.1f} ms" if held else "")
