@@ -71,3 +71,52 @@ def test_a_stage_that_dies_mid_step_is_named():
     while (descendants() - before) and time.time() < deadline:
         time.sleep(0.2)
     assert not (descendants() - before)
+
+
+GATHER = '''
+import torch, torch.distributed as dist
+from kit.mp import tensor
+
+class Gathered(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y):
+        parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, y.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(dist.get_world_size(), dim=-1)[dist.get_rank()].contiguous()
+
+class GoodGather(tensor.ColumnParallelLinear):
+    def forward(self, x):
+        return Gathered.apply(super().forward(x))
+
+class NoBackwardSplit(tensor.ColumnParallelLinear):
+    def forward(self, x):
+        parts = [torch.empty_like(y := super().forward(x)) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, y.detach())
+        return torch.cat(parts, dim=-1)
+'''
+
+
+def test_the_exercise_checks_tell_right_from_wrong_on_the_engines(job):
+    job.view.execute(GATHER, block=True)
+    assert ex.gather_check(job, "GoodGather")["ok"]
+    bad = ex.gather_check(job, "NoBackwardSplit")           # forgets the gradient: right output, wrong backward
+    assert not bad["ok"] and "gradient" in bad["why"]
+    job.view.execute("def my_order(p, m, stage):\n    return [('F', i) for i in range(m)] + "
+                     "[('B', i) for i in range(m)]", block=True)
+    assert ex.grads_check(job, p=job.size, m=3, names=("my_order",))["ok"]
+
+
+def test_the_benchmark_writes_its_summary(tmp_path):
+    import json
+    from kit import bench
+    line = bench.run("mp", tmp_path, tiny=True)
+    x = json.loads((tmp_path / "mp.json").read_text())
+    assert x["summary"] == line and line.startswith("mp: 4 gloo engines")
+    assert x["tp"]["ok"] and x["grads"]["ok"] and x["summary_checks"]["peak_matches_model"]
+    assert x["placement"] is None and "not run" in line                   # tiny: no lab
+    from kit.bench.mp import blocks
+    assert len(blocks(x)) == 6

@@ -35,7 +35,8 @@ def engine_step(cfg: dict, p: int, m: int, name: str, rank: int, die_at: int | N
         module.register_forward_pre_hook(lambda *_: os._exit(3) if next(calls) == die_at else None)
     x, y = pp.data(m * cfg["mb"], cfg["d"], cfg["seed"])
     xs, ys = x.chunk(m), y.chunk(m)
-    out = pp.run_step(module, pp.schedule(name)(p, m, rank), stage=rank, p=p, xs=xs if rank == 0 else None,
+    acts = (pp.SCHEDULES.get(name) or _engine_class(name, None))(p, m, rank)
+    out = pp.run_step(module, acts, stage=rank, p=p, xs=xs if rank == 0 else None,
                       ys=ys if rank == p - 1 else None, shape=(cfg["mb"], cfg["d"]))
     return out, module
 
@@ -194,13 +195,14 @@ TP_CFG = dict(d=64, hidden=None, batch=32, seed=0, reps=5)
 
 
 def _engine_class(name, default):
-    """The class called `name` in this engine's namespace (what a %%px cell defined), or `default` if None."""
+    """The class (or function) called `name` in this engine's namespace (what a %%px cell defined or
+    cluster.view.push sent), or `default` if None."""
     if name is None:
         return default
     from IPython import get_ipython
     ns = get_ipython().user_ns
     if name not in ns:
-        raise NameError(f"no class {name!r} on this engine: define it in a %%px cell first")
+        raise NameError(f"no {name!r} on this engine: define it in a %%px cell (or push it) first")
     return ns[name]
 
 
@@ -260,3 +262,39 @@ def tp_check(cluster, cfg: dict | None = None, column: str | None = None, row: s
             "sent": formulas.ring_sent(handed, n), "held": [r["held"] for r in out], "full": out[0]["full"],
             "ms": {k: None if out[0][f"{k}_s"] is None else 1e3 * max(r[f"{k}_s"] for r in out)
                    for k in ("full", "kit", "torch")}}
+
+
+def engine_gather(cfg: dict, name: str) -> dict:
+    """On every engine: the class `name` (a column-parallel linear that gathers its output) against nn.Linear."""
+    import torch
+    import torch.distributed as dist
+    from kit.mp import tensor
+    cls = _engine_class(name, None)
+    n, d, hidden = dist.get_world_size(), cfg["d"], cfg["hidden"] or 4 * cfg["d"]
+    gen = torch.Generator().manual_seed(cfg["seed"] + 2)
+    x, w = torch.randn(cfg["batch"], d, generator=gen), torch.randn(cfg["batch"], hidden, generator=gen)
+    full = tensor.mlp(d, hidden, cfg["seed"])[0]
+    layer = cls(full)
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ya, yb = layer(xa), full(xb)
+    if ya is None:
+        return {"ok": False, "why": "forward returned None", "answered": False}
+    if ya.shape != yb.shape:
+        return {"ok": False, "why": f"output shape {tuple(ya.shape)}, the unsharded layer's {tuple(yb.shape)}",
+                "answered": True}
+    (ya * w).sum().backward()
+    (yb * w).sum().backward()
+    parts = [None] * n
+    dist.all_gather_object(parts, layer.weight.grad.detach())
+    errs = {"output": float((ya - yb).abs().max()), "input gradient": float((xa.grad - xb.grad).abs().max()),
+            "weight gradient": float((torch.cat(parts, 0) - full.weight.grad).abs().max())}
+    bad = [k for k, v in errs.items() if not v <= 1e-5]
+    return {"ok": not bad, "why": ", ".join(f"{k} off by {errs[k]:.1e}" for k in bad), "answered": True}
+
+
+def gather_check(cluster, name: str, cfg: dict | None = None) -> dict:
+    """Check a %%px-defined column-parallel linear with a gathered output against the unsharded nn.Linear."""
+    cfg = {**TP_CFG, **(cfg or {})}
+    out = _run(cluster, engine_gather, cfg, name)
+    why = "; ".join(f"rank {i}: {r['why']}" for i, r in enumerate(out) if not r["ok"])
+    return {"ok": all(r["ok"] for r in out), "answered": all(r["answered"] for r in out), "why": why}

@@ -40,6 +40,17 @@ def one_f_one_b(p: int, m: int, stage: int) -> list[tuple[str, int]]:
     return acts + [("B", i) for i in range(b, m)]
 
 
+def capped(p: int, m: int, stage: int, cap: int) -> list[tuple[str, int]]:
+    """Return 1F1B with at most `cap` micro-batches held on any stage (cap < p: fewer warm-up forwards)."""
+    _check(p, m, stage)
+    warm = max(0, min(p - 1 - stage, cap - 1, m))
+    acts, f, b = [("F", i) for i in range(warm)], warm, 0
+    while f < m:
+        acts += [("F", f), ("B", b)]
+        f, b = f + 1, b + 1
+    return acts + [("B", i) for i in range(b, m)]
+
+
 SCHEDULES = {"afab": afab, "1f1b": one_f_one_b}
 
 
