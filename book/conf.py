@@ -35,6 +35,7 @@ html_theme = "sphinx_book_theme"
 html_title = "kit: learn to make deep-learning training efficient, by measuring"
 html_theme_options = {
     "show_toc_level": 2,
+    "show_navbar_depth": 2,                 # docs/benchmarks/ open in the sidebar
     "home_page_in_toc": True,
     "use_download_button": True,
     "use_fullscreen_button": False,

@@ -4,10 +4,11 @@ book/build.py, what `make book` runs, builds the site from the committed outputs
 nothing fetched). A thread serves it on 127.0.0.1 (a canvas may read an image's pixels only from an http origin)
 and selenium opens every page reachable from the front page: each page of a notebook, of the README or of docs/
 shows every figure its source holds (decoded, not one flat colour), every Markdown heading as a heading and every
-Markdown table as a table; the navigation reaches every page; no link inside the book is broken (the file exists,
-and so does its anchor); no page loads anything from another origin. Where Chromium, chromedriver or selenium are
-missing the test fails as root (CI, where `make setup` installs them) and skips for a plain user, as
-tests/test_jupyterlab_ui.py does. The browser, the server and the temp dir are gone afterwards.
+Markdown table as a table, counted in the copy of the source the build read; the navigation reaches every page; no
+link inside the book is broken (the file exists, and so does its anchor); no page loads anything from another
+origin. Where Chromium, chromedriver or selenium are missing the test fails as root (CI, where `make setup`
+installs them) and skips for a plain user, as tests/test_jupyterlab_ui.py does. The browser, the server and the
+temp dir are gone afterwards.
 """
 import functools
 import http.server
@@ -43,8 +44,9 @@ TABLE_RULE = re.compile(r"^[ \t]*\|?[ \t]*:?-{3,}:?[ \t]*(\|[ \t]*:?-{3,}:?[ \t]
 MD_IMAGE = re.compile(r"!\[[^\]]*\]\([^)\s]+\)")
 
 
-def sources() -> list[str]:
-    return sorted({str(p.relative_to(REPO)) for pattern in SOURCES for p in REPO.glob(pattern)})
+def sources(root: Path = REPO) -> list[str]:
+    """Every file under root (the repository, or the copy of it a build read) that must be a page of the book."""
+    return sorted({str(p.relative_to(root)) for pattern in SOURCES for p in root.glob(pattern)})
 
 
 def page_of(source: str) -> str:
@@ -60,9 +62,8 @@ def text(value) -> str:
     return "".join(value) if isinstance(value, list) else value
 
 
-def expected(source: str) -> dict:
-    """What the page of `source` must show: its figures, Markdown headings and tables, counted from the source."""
-    path = REPO / source
+def expected(path: Path) -> dict:
+    """What the page of the file at `path` must show: its figures, Markdown headings and tables, counted there."""
     markdown, html, figures = [], [], 0
     if path.suffix == ".ipynb":
         cells = json.loads(path.read_text())["cells"]
@@ -222,7 +223,7 @@ def book():
                 target = local(url, origin)
                 if target and target[0].endswith(".html") and (html / target[0]).is_file():
                     queue.append(target[0])
-        yield {"html": html, "origin": origin, "pages": pages, "build_s": build_s,
+        yield {"html": html, "src": tmp / "book" / "src", "origin": origin, "pages": pages, "build_s": build_s,
                "warnings": (tmp / "book" / "warnings.txt").read_text().strip(), "stdout": built.stdout}
     finally:
         if browser is not None:
@@ -260,8 +261,9 @@ def test_the_book_builds_from_the_committed_outputs_with_no_warning(book):
 
 def test_every_notebook_and_doc_is_a_page_the_navigation_reaches(book):
     pages = book["pages"]
-    want = {page_of(s) for s in sources()}
-    assert len(want) >= 30 and any(s.startswith("notebooks/solutions/") for s in sources())
+    built_from = sources(book["src"])       # the copy of the repository the build read (book/build.py)
+    want = {page_of(s) for s in built_from}
+    assert len(want) >= 30 and any(s.startswith("notebooks/solutions/") for s in built_from)
     missing = sorted(p for p in want if not (book["html"] / p).is_file())
     assert not missing, f"sources with no page in the book: {missing}"
     reached, queue = set(), ["index.html"]
@@ -284,7 +286,8 @@ def test_each_page_shows_its_figures_headings_and_tables(book, source):
     page = book["pages"].get(page_of(source))
     assert page is not None, f"{page_of(source)} was not reached from the front page"
     assert page["article"], f"{page_of(source)}: no article element (title: {page['title']!r})"
-    want = expected(source)
+    assert (book["src"] / source).is_file(), f"{source} was not in the tree book/build.py copied"
+    want = expected(book["src"] / source)       # the file as the build read it
     figures = page["figures"]
     assert len(figures) == want["figures"], (f"{source} holds {want['figures']} figure(s), its page shows "
                                              f"{len(figures)}: {[f['src'] for f in figures]}")
