@@ -50,11 +50,11 @@ def root_only(st: os.stat_result) -> bool:
 
 
 def owners_dir(create: bool = False) -> str | None:
-    """Return OWNERS once checked (a real folder, root's, writable by root only), made 0755 if absent and `create`;
+    """Return OWNERS once checked (a real folder, root's, writable by root only), made 0700 if absent and `create`;
     None if absent. Raise LabError when it is anything else."""
     if create:
         with contextlib.suppress(FileExistsError):
-            os.mkdir(OWNERS, 0o755)
+            os.mkdir(OWNERS, 0o700)
     try:
         st = os.lstat(OWNERS)
     except FileNotFoundError:
