@@ -199,8 +199,8 @@ def load(name: str = "auto", *, download: bool = True, verbose: bool = True) -> 
     if ds is None:
         ds = load_digits_28()
     if verbose:
-        loud = "" if ds.name == "mnist" else "  <-- NOT MNIST: MNIST is not available offline here"
-        print(f"data set: {ds.name} ({len(ds.x_train)} train / {len(ds.x_test)} test) from {ds.source}{loud}")
+        stand_in = "" if ds.name == "mnist" else ", a stand-in for MNIST (MNIST is not available offline here)"
+        print(f"data set: {ds.name} ({len(ds.x_train)} train / {len(ds.x_test)} test){stand_in}")
     return ds
 
 

@@ -86,11 +86,12 @@ def test_corrupt_idx_names_the_file(offline):
     assert str(folder / datasets.IDX_FILES["x_train"]) in str(e.value)
 
 
-def test_digits_always_available_and_said_loudly(offline, capsys):
+def test_digits_always_available_and_said_to_stand_in(offline, capsys):
     ds = datasets.load("digits")
     assert ds.x_train.shape == (1497, 28, 28) and ds.x_test.shape == (300, 28, 28)
     assert ds.x_train.dtype == np.uint8 and set(np.unique(ds.y_train)) == set(range(10))
-    assert "NOT MNIST" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "digits" in out and "a stand-in for MNIST" in out and str(ds.source) not in out
 
 
 def test_unknown_name_is_refused():
