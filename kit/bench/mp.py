@@ -100,11 +100,13 @@ def summary(x: dict) -> str:
     """The one-line summary: the checks of each lesson with their numbers."""
     tp, s, lv = x["tp"], x["summary_checks"], x["levers"]
     worst = f"{100 * s['bubble_worst']:.0f}%" if s["bubble_worst"] is not None else "n/a"
+    said = lambda ok: "held" if ok else "did not hold"    # noqa: E731  (render keeps a clause that did not hold)
     out = (f"mp: {x['n']} gloo engines; TP MLP equals the unsharded block: {tp['ok'] and x['tp_odd']['ok']} "
            f"(odd sizes too), {tp['allreduces']} allreduces handing {tp['handed']:,} B per block-step = the model's "
            f"{tp['model_handed']:,}: {tp['handed'] == tp['model_handed']}; AFAB and 1F1B give one process's gradients: "
-           f"{x['grads']['ok']}; bubble within {100 * s['tol']:.0f}% of (p-1)/(m+p-1) for m >= p: {s['bubble_ok']} "
-           f"(worst {worst} of {s['n_fits']}); 1F1B holds <= p micro-batches: {s['onefonb_ok']}, AFAB all m: "
+           f"{x['grads']['ok']}; bubble within {100 * s['tol']:.0f}% of (p-1)/(m+p-1) for m >= p "
+           f"{said(s['bubble_ok'])} (worst {worst}, of {s['n_fits']} settings); 1F1B holds <= p micro-batches: "
+           f"{s['onefonb_ok']}, AFAB all m: "
            f"{s['afab_grows']}")
     pl = x.get("placement")
     if pl:

@@ -145,6 +145,12 @@ def ring_cpu(x: dict) -> list[str]:
     return [table(x)]
 
 
+def mp(x: dict) -> list[str]:
+    """Return docs/benchmarks/mp.md's blocks (kit.bench.mp.blocks)."""
+    from kit.bench.mp import blocks
+    return blocks(x)
+
+
 BLOCKS = {"loading": loading, "ps": ps, "allreduce": allreduce, "network": network, "mnist": mnist,
           "mnist_lab": mnist_lab, "elastic": elastic, "gpu": gpu, "ddp": ddp, "ddp_lab": ddp_lab,
-          "ring_cpu": ring_cpu}
+          "ring_cpu": ring_cpu, "mp": mp}

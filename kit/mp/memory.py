@@ -63,7 +63,7 @@ def measure(model, x, y, *, checkpoint: bool = False, bf16: bool = False, reps: 
     state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
     return {"params": nbytes(model.parameters()), "grads": nbytes(p.grad for p in model.parameters()),
             "optimizer": nbytes(state), "activations": saved, "ms": 1e3 * sorted(secs)[len(secs) // 2],
-            "loss": loss.item()}
+            "loss": loss.detach().item()}
 
 
 def train_losses(model, x, y, steps: int = 20, bf16: bool = False, lr: float = 1e-3) -> list[float]:
@@ -76,5 +76,5 @@ def train_losses(model, x, y, steps: int = 20, bf16: bool = False, lr: float = 1
             loss = torch.nn.functional.mse_loss(model(x).float(), y)
         loss.backward()
         opt.step()
-        out.append(float(loss))
+        out.append(loss.detach().item())
     return out
