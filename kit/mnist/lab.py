@@ -139,3 +139,68 @@ def crossover_rate(result: dict, n: int = 2, fraction: float = 1.0) -> float:
     step (its compute): below it, the wire costs more than that share of a step."""
     step = result["one_worker"]["step_s"]
     return 2 * (n - 1) / n * result["gradient_bytes"] * 8 / (fraction * step)
+
+
+def hidden_share(result: dict, run: dict) -> float:
+    """Return the share of `run`'s allreduce that hid behind compute: 1 - (its step - one worker's) / allreduce."""
+    return 1 - (run["step_s"] - result["one_worker"]["step_s"]) / run["allreduce_s"]
+
+
+def claims(result: dict, n: int = 2, gap: float = 0.10) -> list:
+    """Return the lab section's two checks on `n` hosts: does the 1 Gbit/s link slow the job (by `gap` of the
+    10 Gbit/s run's speed-up, as a step waiting for its whole allreduce would), and is the step's extra time over
+    one worker no more than its allreduce (nothing else slowed the workers)?"""
+    from kit.checks import Check
+    by = {(r["n"], r["rate"]): r for r in result["runs"]}
+    slow, fast, one = by[n, "1gbit"], by[n, "10gbit"], result["one_worker"]
+    ms = lambda s: f"{1e3 * s:.0f} ms"          # noqa: E731
+    extra = slow["step_s"] - one["step_s"]
+    return [
+        Check(f"1 vs 10 Gbit/s on {n} hosts",
+              measured=f"{slow['speedup']:.2f}× one worker at 1 Gbit/s, {fast['speedup']:.2f}× at 10 Gbit/s "
+                       f"({ms(slow['step_s'])} vs {ms(fast['step_s'])} a step)",
+              bound=f"10 Gbit/s at least {gap:.0%} faster, as when a step waits for its whole allreduce",
+              held=fast["speedup"] >= (1 + gap) * slow["speedup"],
+              reason=f"the 1 Gbit/s step was only {ms(slow['step_s'] - fast['step_s'])} longer although its "
+                     f"allreduce took {ms(slow['allreduce_s'] - fast['allreduce_s'])} longer: "
+                     f"{max(0.0, hidden_share(result, slow)):.0%} of it ran behind the backward pass"),
+        Check("only the exchange slows a step",
+              measured=f"at 1 Gbit/s a step took {ms(extra)} more than one worker's, its allreduce "
+                       f"{ms(slow['allreduce_s'])}",
+              bound="no more than the allreduce",
+              held=extra <= slow["allreduce_s"],
+              reason=f"a worker kept only {min(slow['cores_busy']):.2f} of a core busy: it also waited outside the "
+                     f"exchange (for a core of this shared machine, or for its peer)")]
+
+
+def lesson(result: dict, n: int = 2) -> str:
+    """Return what `result` says about the network: the rate below which no overlap can hide the wire, and the
+    share of the 1 Gbit/s allreduce that hid behind compute above it."""
+    by = {(r["n"], r["rate"]): r for r in result["runs"]}
+    slow, fast = by[n, "1gbit"], by[n, "10gbit"]
+    hidden = max(0.0, hidden_share(result, slow))
+    return (f"The wire alone needs one worker's whole step ({1e3 * result['one_worker']['step_s']:.0f} ms) at "
+            f"{crossover_rate(result, n) / 1e9:.2f} Gbit/s: below that rate, even an allreduce hidden entirely "
+            f"behind compute leaves the workers waiting for the network. Above it, the network costs the part of the "
+            f"allreduce that does not hide: here {hidden:.0%} of the 1 Gbit/s allreduce ran behind the backward "
+            f"pass, and 1 Gbit/s cost {1 - slow['speedup'] / fast['speedup']:.0%} of the 10 Gbit/s speed-up.")
+
+
+def compare(result: dict, bench: dict, n: int = 2) -> str:
+    """Return why `bench` (the committed benchmark) and `result` (this run) disagree, from their own numbers."""
+    def at(res):
+        r = {(r["n"], r["rate"]): r for r in res["runs"]}[n, "1gbit"]
+        return r, r["step_s"] - res["one_worker"]["step_s"], min(r["cores_busy"])
+    (r, extra, busy), (b, b_extra, b_busy) = at(result), at(bench)
+    ms = lambda s: f"{1e3 * s:.0f} ms"          # noqa: E731
+    same_wire = abs(r["allreduce_s"] - b["allreduce_s"]) <= 0.2 * b["allreduce_s"]
+    return (f"Both timed {n} hosts at 1 Gbit/s: the allreduce took {ms(b['allreduce_s'])} in the benchmark and "
+            f"{ms(r['allreduce_s'])} here ({'about the same' if same_wire else 'not the same'}), but a step ran "
+            f"{ms(b_extra)} longer than one worker's there and {ms(extra)} here, with the least busy worker at "
+            f"{b_busy:.2f} of a core there and {busy:.2f} here ({bench['runs'][0]['steps']} timed steps per run "
+            f"there, {r['steps']} here). "
+            + ("The disagreement is not the network's: in the benchmark a worker also waited outside the exchange "
+               "(for a core, or for a peer slowed by the load on this shared machine), so less of its allreduce "
+               "hid behind the backward pass." if same_wire and busy - b_busy >= 0.1 else
+               "The two runs' own numbers do not single out one cause; the spread between runs on this shared "
+               "machine is as large as the difference."))

@@ -1,0 +1,93 @@
+"""Notebook 04's exercise checkers (kit.mnist.exercises) and the lab section's checks (kit.mnist.lab.claims): each
+grader says correct, wrong or not answered, never the answer; each check can fail and says why."""
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kit.checks import markdown
+from kit.mnist import exercises
+from kit.mnist import lab as mnist_lab
+from kit.mnist.model import steps_per_epoch
+
+BENCH = json.loads((Path(__file__).parents[1] / "results" / "mnist_lab.json").read_text())
+
+
+def state(digest, steps=2, averaged=True):
+    return {"steps": steps, "averaged": averaged, "digest": digest}
+
+
+def agree(digests):
+    return len(set(digests)) == 1
+
+
+def test_exercise_1_graded_without_the_answer():
+    broken = [state("d0"), state("d1")]
+    assert exercises.grade_1([None, None], agree) == "exercise 1: not answered yet"
+    assert exercises.grade_1(broken, None) == "exercise 1: not answered yet"
+    assert exercises.grade_1(broken, agree) == "exercise 1: correct"
+    for wrong_check in (lambda d: True, lambda d: False, lambda d: d[0] == d[-1], lambda d: None):
+        verdict = exercises.grade_1(broken, wrong_check)
+        assert verdict.startswith("exercise 1:") and "correct" not in verdict and "your check is wrong" in verdict
+    assert "raised ZeroDivisionError" in exercises.grade_1(broken, lambda d: 1 / 0)
+    with_broadcast = exercises.grade_1([state("d0"), state("d0")], agree)
+    assert "wrong" in with_broadcast and "identical" in with_broadcast
+    assert "averag" in exercises.grade_1([state("d0", averaged=False), state("d1")], agree)
+    assert "same few steps" in exercises.grade_1([state("d0", steps=0), state("d1", steps=0)], agree)
+    assert "same few steps" in exercises.grade_1([state("d0", steps=2), state("d1", steps=3)], agree)
+
+
+def test_exercise_2_graded_without_the_answer():
+    steps, images = steps_per_epoch(60_000, 4), 12 * 60_000
+    assert exercises.check_exercise_2(None, None) == "exercise 2: not answered yet"
+    assert exercises.check_exercise_2(steps, images) == "exercise 2: correct"
+    wrong = exercises.check_exercise_2(steps + 1, images)
+    assert wrong == "exercise 2: steps per rank wrong, images right" and str(steps) not in wrong
+    assert exercises.check_exercise_2(steps, images // 4) == "exercise 2: steps per rank right, images wrong"
+
+
+def checkpoints(folder, epochs):
+    for e in epochs:
+        np.savez(folder / f"ckpt-epoch-{e:04d}.npz", epoch=e, w0=np.zeros(3), o0=np.zeros(1))
+
+
+def test_exercise_3_corrupts_once_and_never_names_the_file(tmp_path, capsys):
+    checkpoints(tmp_path, (10, 11, 12))
+    out = exercises.check_exercise_3(tmp_path, None)
+    assert out == "exercise 3: not answered yet (resume() skipped 1 unreadable checkpoint)"
+    assert exercises.check_exercise_3(tmp_path, 12).startswith("exercise 3: wrong")
+    assert exercises.check_exercise_3(tmp_path, 11).startswith("exercise 3: correct")      # corrupted once only
+    assert "ckpt" not in capsys.readouterr().err
+    assert (tmp_path / "ckpt-epoch-0011.npz").read_bytes() != exercises.CORRUPT
+    with pytest.raises(ValueError, match="ckpt_dir=.*holds no checkpoint"):
+        exercises.check_exercise_3(tmp_path / "none", 1)
+
+
+def run_like(bench, *, slow_step, fast_step, busy=(0.99, 0.99)):
+    """Return the benchmark's result with its 2-host steps (and speed-ups) replaced."""
+    r = copy.deepcopy(bench)
+    by = {(x["n"], x["rate"]): x for x in r["runs"]}
+    for key, step in (((2, "1gbit"), slow_step), ((2, "10gbit"), fast_step)):
+        by[key]["step_s"] = step
+        by[key]["samples_per_s"] = by[key]["batch"] * 2 / step
+        by[key]["speedup"] = by[key]["samples_per_s"] / r["one_worker"]["samples_per_s"]
+    by[2, "1gbit"]["cores_busy"] = list(busy)
+    return r
+
+
+def test_lab_claims_fail_and_say_why():
+    one, ar = BENCH["one_worker"]["step_s"], {(x["n"], x["rate"]): x for x in BENCH["runs"]}[2, "1gbit"]["allreduce_s"]
+    hidden = run_like(BENCH, slow_step=one + 0.3 * ar, fast_step=one + 0.25 * ar)     # most of the exchange hid
+    gap, only = mnist_lab.claims(hidden)
+    assert not gap.held and "ran behind the backward pass" in gap.reason and only.held
+    assert mnist_lab.hidden_share(hidden, {(x["n"], x["rate"]): x for x in hidden["runs"]}[2, "1gbit"]) == \
+        pytest.approx(0.7)
+    waited = run_like(BENCH, slow_step=one + 1.5 * ar, fast_step=one + 0.2 * ar, busy=(0.99, 0.6))
+    gap, only = mnist_lab.claims(waited)
+    assert gap.held and not only.held and "0.60 of a core" in only.reason
+    assert "**did not hold** on this run" in markdown([only])
+    assert "waited outside the exchange" in mnist_lab.compare(hidden, waited)
+    assert "do not single out one cause" in mnist_lab.compare(hidden, hidden)
+    assert "70% of the 1 Gbit/s allreduce" in mnist_lab.lesson(hidden)
