@@ -76,6 +76,8 @@ def test_fit_latency_recovers_alpha_and_overhead():
     alpha, o = cm.fit_latency(ns, 2 * (80e-6 + (ns - 1) * 15e-6))
     assert alpha == pytest.approx(80e-6) and o == pytest.approx(15e-6)
     assert cm.fit_latency(ns, 2 * (80e-6 + (ns - 1) * 15e-6), alpha=80e-6) == (80e-6, pytest.approx(15e-6))
+    spiked = 2 * (80e-6 + (ns - 1) * 15e-6) + np.array([0, 0, 0.03, 0])      # one N hit by a 30 ms spike
+    assert cm.fit_latency(ns, spiked, alpha=80e-6)[1] == pytest.approx(15e-6)
     with pytest.raises(ValueError, match="two different N"):
         cm.fit_latency([4, 4], [1e-3, 1e-3])
     with pytest.raises(ValueError, match="some N > 1"):

@@ -111,13 +111,14 @@ def latency_share(scheme: str, N, K, alpha, B, k: int = 1, o: float = 0.0):
 
 def fit_latency(ns, seconds, alpha: float | None = None) -> tuple[float, float]:
     """Fit an empty PS step t(N) = 2 (alpha + (N-1) o) to measured (N workers, seconds); return (alpha, o).
-    With `alpha` given (the ping-pong's: one alpha for every N) only o is fitted. o close to alpha: the server
-    pays its messages one after another (fully serial); o << alpha: latencies overlap, only o is serial."""
+    With `alpha` given (the ping-pong's: one alpha for every N) o is the median of the per-N estimates
+    (t - 2 alpha) / (2 (N-1)), so that one N hit by a scheduling spike does not set it. o close to alpha: the
+    server pays its messages one after another (fully serial); o << alpha: latencies overlap, only o is serial."""
     n, t = np.asarray(ns, float) - 1, np.asarray(seconds, float)
     if alpha is not None:
         if not n.any():
             raise ValueError(f"fit_latency needs some N > 1 to fit o, got ns={list(ns)}")
-        return float(alpha), float(np.sum(n * (t - 2 * alpha)) / (2 * np.sum(n * n)))
+        return float(alpha), float(np.median((t[n > 0] - 2 * alpha) / (2 * n[n > 0])))
     if len(set(n.tolist())) < 2:
         raise ValueError(f"fit_latency needs at least two different N, got ns={list(ns)}")
     slope, intercept = np.polyfit(n, t, 1)
