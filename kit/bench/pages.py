@@ -19,13 +19,15 @@ def loading(x: dict) -> list[str]:
     best, zero = next(r for r in sweep if r["workers"] == x["best_workers"]), sweep[0]
     res = {"rows": sweep, "best": best, "at_0": zero, "speedup": best["samples_per_s"] / zero["samples_per_s"]}
     load = SimpleNamespace(others=lesson["others"], cores=lesson["cores"])
-    assert verdict(res, lesson["alone_ms"] / 1e3, load) == (lesson["held"], lesson["text"]), "the stored verdict"
+    if verdict(res, lesson["alone_ms"] / 1e3, load) != (lesson["held"], lesson["text"]):
+        raise ValueError("results/loading.json: its stored lesson is not what kit.data.lesson.verdict says")
     return ["\n".join(rows), lesson["text"]]
 
 
 def ps(x: dict) -> list[str]:
     """Return the bytes table, the model table, K (docs/benchmarks/ps.md)."""
-    assert all(r["bytes_exact"] for r in x["training"])
+    if not all(r["bytes_exact"] for r in x["training"]):
+        raise ValueError("results/ps.json: a server's bytes per step were not N·K/k exactly")
     bytes_rows = ["| N | k | server in (B) | server out (B) | = N·K/k exactly |", "|---|---|---|---|---|"]
     bytes_rows += [f"| {r['N']} | {r['k']} | {r['server_in']:,} | {r['server_out']:,} | {r['bytes_exact']} |"
                    for r in x["training"]]
@@ -108,7 +110,8 @@ def elastic(x: dict) -> list[str]:
     rows = []
     for i, run in enumerate(x["runs"], 1):
         again = elastic.summarize(run["events"], run["t_cut"], run["t_restore"])    # the events say the same
-        assert again["lost_batches"] == run["lost_batches"] and again["pauses"] == run["pauses"], i
+        if again["lost_batches"] != run["lost_batches"] or again["pauses"] != run["pauses"]:
+            raise ValueError(f"results/elastic.json: run {i}'s lost batches or pauses are not what its events say")
         back = next((p["seconds"] for p in run["pauses"] if p["t"] > run["t_restore"]), 0.0)
         sizes = run["batches_at_size"]
         rows.append(f"| {i} | {run['seconds_to_carry_on']:.1f} s | {run['lost_batches'][0]} | "
