@@ -117,7 +117,9 @@ def elastic(x: dict) -> list[str]:
         rows.append(f"| {i} | {run['seconds_to_carry_on']:.1f} s | {run['lost_batches'][0]} | "
                     f"{run['seconds_to_rejoin']:.1f} s | {back:.1f} s | {sizes.get('1', 0)} / {sizes.get('2', 0)} | "
                     f"{run['final_accuracy']:.3f} |")
-    return ["\n".join(rows), f"Gloo timeout of {x['gloo_timeout_s']} s"]
+    head = ("| run | h1 carried on, after the cut | batches lost | h2 rejoined, after the restore | training paused at "
+            "the rejoin | batches at size 1 / 2 | last epoch's training accuracy |\n|---|---|---|---|---|---|---|")
+    return ["\n".join([head, *rows]), f"Gloo timeout of {x['gloo_timeout_s']} s"]
 
 
 def gpu(x: dict) -> list[str]:
@@ -128,18 +130,20 @@ def gpu(x: dict) -> list[str]:
     def row(key, fmt):
         return " | ".join(f"{fmt(sweep[p][lo][key])} → {fmt(sweep[p][hi][key])}" for p in ("False", "True"))
     pinned = sweep["True"]
-    per_w = "\n".join(f"| {w} | {pinned[w]['samples_per_s']:.0f} | {100 * pinned[w]['busy']:.0f}% | "
-                      f"{pinned[w]['gpu_util']:.1f}% |" for w in sorted(pinned, key=int))
+    per_w = "\n".join(["| `num_workers` (pinned) | samples/s | busy | NVML utilisation |", "|---:|---:|---:|---:|"]
+                      + [f"| {w} | {pinned[w]['samples_per_s']:.0f} | {100 * pinned[w]['busy']:.0f}% | "
+                         f"{pinned[w]['gpu_util']:.1f}% |" for w in sorted(pinned, key=int)])
     ars = [f"| {a['backend']} | " + (a["error"] if "error" in a else
                                       f"{1000 * a['seconds']:.1f} ms, {a['busbw_gbps']:.1f} GB/s bus bandwidth") + " |"
            for a in x["allreduce"]]
+    ars = "\n".join(["| 64 MB allreduce, 2 engines sharing the one GPU | result |", "|---|---|", *ars])
     return [f"one {x['gpu']}, {m['cpu_cores']} cores, Python {m['versions']['python']}, PyTorch "
             f"{m['versions']['torch']}, Horovod {m['versions']['horovod']}",
             f"CNN width x{sz['width']}: its step {sz['t_step_ms']:.1f} ms against a batch's loading "
             f"{sz['t_load_ms']:.1f} ms; {x['steps']} steps per setting",
-            f"| {c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s |", f"W = {lo} → {hi}",
+            f"{c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s", f"W = {lo} → {hi}",
             row("samples_per_s", lambda v: f"{v:.0f}"), row("busy", lambda v: f"{100 * v:.0f}%"),
-            row("gpu_util", lambda v: f"{v:.1f}%"), per_w, *ars]
+            row("gpu_util", lambda v: f"{v:.1f}%"), per_w, ars]
 
 
 def ring_cpu(x: dict) -> list[str]:
