@@ -14,21 +14,41 @@ TINY = dict(schemes.CFG, sizes=(16, 24, 24, 5), batch=8, warmup=2, reps=2)
 
 
 # ----------------------------------------------------------------------------------- pure Python
-def test_buckets_go_backwards_and_never_exceed_the_cap():
-    assert dp.assign_buckets([4, 4, 4, 4], 8) == [[3, 2], [1, 0]]
-    assert dp.assign_buckets([4, 100, 4], 8) == [[2], [1], [0]]            # too big for any bucket: its own
-    assert dp.assign_buckets([4, 4, 4], 1 << 20) == [[2, 1, 0]]           # one bucket
-    assert dp.assign_buckets([0, 4, 0], 4) == [[2, 1, 0]]                 # empty tensors ride along
+def test_buckets_go_backwards_and_close_once_they_reach_the_cap():
+    assert dp.assign_buckets([4, 4, 4, 4], 8, None) == [[3, 2], [1, 0]]
+    assert dp.assign_buckets([4, 4, 4, 4], 6, None) == [[3, 2], [1, 0]]      # 8 >= 6: a bucket may exceed its cap
+    assert dp.assign_buckets([4, 100, 4], 8, None) == [[2, 1], [0]]
+    assert dp.assign_buckets([4, 4, 4, 4], 8, 4) == [[3], [2, 1], [0]]       # the first bucket's own cap
+    assert dp.assign_buckets([4, 4, 4], 1 << 20) == [[2, 1, 0]]              # one bucket
+    assert dp.assign_buckets([0, 4, 0], 4, None) == [[2, 1], [0]]
     assert dp.assign_buckets([], 8) == []
     rng = np.random.default_rng(0)
     for _ in range(200):
         sizes = [int(s) for s in rng.integers(0, 50, size=rng.integers(1, 12))]
-        cap = int(rng.integers(1, 80))
-        buckets = dp.assign_buckets(sizes, cap)
+        cap, first = int(rng.integers(1, 80)), int(rng.integers(1, 80))
+        buckets = dp.assign_buckets(sizes, cap, first)
         assert [i for b in buckets for i in b] == list(range(len(sizes)))[::-1]     # every index once, in reverse
-        assert all(sum(sizes[i] for i in b) <= cap or len(b) == 1 for b in buckets)
-        # greedy: a bucket is closed only when the next parameter would not fit
-        assert all(sum(sizes[i] for i in b) + sizes[nxt[0]] > cap for b, nxt in zip(buckets, buckets[1:]))
+        caps = [first] + [cap] * len(buckets)
+        # closed exactly when it reached its cap: every closed bucket reached it, and not before its last tensor
+        for b, c in zip(buckets[:-1], caps):
+            assert sum(sizes[i] for i in b) >= c > sum(sizes[i] for i in b[:-1])
+
+
+def test_buckets_are_ddps_own_assignment():
+    """DDP's buckets (after its first step it rebuilds them in the order gradients became ready, backward's: the
+    reversed parameters, with limits [_DEFAULT_FIRST_BUCKET_BYTES, bucket_cap]) equal kit's, on random shapes."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    assert dp.FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        n = int(rng.integers(1, 14))
+        params = [torch.empty(int(rng.integers(0, 400_000))) for _ in range(n)]
+        cap = int(rng.integers(1, 3 << 20))
+        ddp_buckets, _ = dist._compute_bucket_assignment_by_size(
+            params[::-1], [dist._DEFAULT_FIRST_BUCKET_BYTES, cap], [False] * n)
+        ddp_buckets = [[n - 1 - i for i in b] for b in ddp_buckets]               # back to registration indices
+        assert dp.assign_buckets([p.numel() * 4 for p in params], cap) == ddp_buckets
 
 
 def test_bytes_per_step_follow_the_ring_model():

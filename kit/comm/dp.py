@@ -64,29 +64,36 @@ class Overlap:
 
 
 # ----------------------------------------------------------------------------- buckets: fewer, larger messages
-def assign_buckets(nbytes: list[int], bucket_bytes: int) -> list[list[int]]:
-    """Group parameter indices, last registered first (backward's order), into buckets of at most bucket_bytes
-    each; a parameter larger than bucket_bytes gets a bucket of its own. Pure Python: [[i, ...], ...]."""
+FIRST_BUCKET_BYTES = 1 << 20     # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's small first bucket (1 MiB)
+
+
+def assign_buckets(nbytes: list[int], bucket_bytes: int,
+                   first_bucket_bytes: int | None = FIRST_BUCKET_BYTES) -> list[list[int]]:
+    """Group parameter indices, last registered first (backward's order), into buckets as DDP does: a bucket is
+    closed once it *reaches* its cap (so it may exceed it by its last tensor), and the first bucket's cap is
+    `first_bucket_bytes` (None: bucket_bytes too), so communication starts early. Pure Python: [[i, ...], ...]."""
     buckets, current, size = [], [], 0
     for i in reversed(range(len(nbytes))):
-        if current and size + nbytes[i] > bucket_bytes:
-            buckets.append(current)
-            current, size = [], 0
         current.append(i)
         size += nbytes[i]
+        cap = first_bucket_bytes if not buckets and first_bucket_bytes is not None else bucket_bytes
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
     return buckets + ([current] if current else [])
 
 
 class Buckets:
-    """Like Overlap, but gradients are grouped into buckets (`assign_buckets`); when every gradient of a bucket is
-    ready, they are copied into one flat buffer and summed by ONE async allreduce: fewer messages, so less of the
-    per-message latency α. Buckets are launched in order (every rank must call its collectives in one order)."""
+    """Like Overlap, but gradients are grouped into buckets (`assign_buckets`: DDP's rule); when every gradient of a
+    bucket is ready, they are copied into one flat buffer and summed by ONE async allreduce: fewer messages, so less
+    of the per-message latency α. Buckets are launched in order (every rank must call its collectives in one order)."""
 
-    def __init__(self, model, bucket_bytes: int = 25 * 2**20):
+    def __init__(self, model, bucket_bytes: int = 25 * 2**20, first_bucket_bytes: int | None = FIRST_BUCKET_BYTES):
         import torch.distributed as dist
         self.world = dist.get_world_size()
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.buckets = assign_buckets([p.numel() * p.element_size() for p in self.params], bucket_bytes)
+        self.buckets = assign_buckets([p.numel() * p.element_size() for p in self.params], bucket_bytes,
+                                      first_bucket_bytes)
         self.bucket_of = {id(self.params[i]): b for b, ids in enumerate(self.buckets) for i in ids}
         self.handles = [p.register_post_accumulate_grad_hook(self._ready) for p in self.params]
         self._reset()
