@@ -1,0 +1,96 @@
+"""Notebook 05's exercises graded without revealing the answer: each grader says correct, wrong (with what went
+wrong, measured) or not answered yet, and no visible cell computes what it compares against.
+
+    grade_buckets(my_calls)                    # exercise 1: allreduces per step of dp.Buckets at 512 KB (DDP's rule)
+    grade_hook(cluster, "MyOverlap")           # exercise 3: the learner's class, defined on the engines (%%px),
+                                               # trains 3 steps; its weights against one process's SGD
+
+The learner's class has dp.Overlap's interface: `cls(model)` registers its hooks, `finish()` runs between
+backward and the optimizer's step, `remove()` takes the hooks off (optional).
+"""
+from __future__ import annotations
+
+from kit.comm import dp
+from kit.ddp import schemes
+
+TOL = 1e-5            # |Δw| of float32 sums in another order
+
+
+def grade_buckets(answer, bucket_bytes: int = 512 * 1024) -> str:
+    """Exercise 1: the number of allreduces dp.Buckets makes per step for notebook 05's model at `bucket_bytes`."""
+    if answer is None:
+        return "exercise 1: not answered yet"
+    sizes = [p.numel() * p.element_size() for p in schemes.make_model(schemes.CFG).parameters()]
+    if answer == len(dp.assign_buckets(sizes, bucket_bytes)):
+        return "exercise 1: correct"
+    return ("exercise 1: wrong (walk the sizes from the last one; a bucket closes once it reaches its cap, and the "
+            "first one's cap is 1 MiB)")
+
+
+def _engine_class(name: str):
+    """The class called `name` in this engine's namespace (what a %%px cell defined)."""
+    from IPython import get_ipython
+    ns = get_ipython().user_ns
+    if name not in ns:
+        raise NameError(f"no {name!r} on this engine: run the %%px cell that defines it first")
+    return ns[name]
+
+
+def train_with(cfg: dict, name: str, steps: int, cls=None) -> dict:
+    """On every engine: `steps` steps of SGD with the class `name` (or `cls`) syncing the gradients; return
+    {"err": largest |Δw| against one process on the N× batch, "calls": collectives per step, "async": whether every
+    allreduce was launched with async_op=True, "error": what the class raised, or None}."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        cls = cls or _engine_class(name)
+        model = schemes.make_model(cfg)
+        opt, sync = schemes.sgd(model.parameters(), cfg), cls(model)
+        launched = []
+        real = dist.all_reduce
+
+        def spy(*args, **kwargs):
+            launched.append(bool(kwargs.get("async_op", False)))
+            return real(*args, **kwargs)
+        dist.all_reduce = spy
+        try:
+            for step in range(steps):
+                x, y = schemes.batch(cfg, step, rank, world)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                sync.finish()
+                opt.step()
+        finally:
+            dist.all_reduce = real
+            if hasattr(sync, "remove"):
+                sync.remove()
+        return {"err": schemes.max_diff(model, schemes.reference(cfg, world, steps)), "calls": len(launched) // steps,
+                "async": bool(launched) and all(launched), "error": None}
+    except Exception as e:          # the learner's code: report it, do not crash the grader
+        return {"err": None, "calls": 0, "async": False, "error": f"{type(e).__name__}: {e}"}
+
+
+def verdict(results: list[dict], steps: int) -> str:
+    """Exercise 3's sentence from every rank's `train_with` result."""
+    errors = [(r, x["error"]) for r, x in enumerate(results) if x["error"]]
+    if errors:
+        r, e = errors[0]
+        return f"exercise 3: your class raised on rank {r}: {e}"
+    if all(x["calls"] == 0 for x in results):
+        return "exercise 3: not answered yet (your hooks launched no allreduce)"
+    err = max(x["err"] for x in results)
+    if err >= TOL:
+        return (f"exercise 3: wrong: after {steps} steps the weights differ from one process on the N× batch by up "
+                f"to {err:.1e} (allowed {TOL:.0e})")
+    if not all(x["async"] for x in results):
+        return ("exercise 3: the weights are right, but not every allreduce was launched asynchronously: backward "
+                "waited for them, nothing overlapped")
+    return (f"exercise 3: correct: every rank's weights equal one process on the N× batch after {steps} steps "
+            f"(|Δw| ≤ {err:.1e}), {results[0]['calls']} async allreduces per step")
+
+
+def grade_hook(cluster, name: str = "MyOverlap", cfg: dict | None = None, steps: int = 3) -> str:
+    """Exercise 3: train with the learner's class `name` (defined on every engine) and grade it."""
+    cfg = dict(schemes.CFG, **(cfg or {}))
+    return verdict(cluster.wait(cluster.view.apply_async(train_with, cfg, name, steps)), steps)

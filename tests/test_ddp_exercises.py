@@ -1,0 +1,53 @@
+"""kit.ddp.exercises: notebook 05's graders say correct, wrong or not answered without printing the answer;
+exercise 3 runs the learner's gradient-sync class on 3 engines against one process's SGD (engines)."""
+import pytest
+
+from kit.comm import dp
+from kit.ddp import exercises, schemes
+
+
+def test_exercise_1_grades_ddps_bucket_rule():
+    sizes = [p.numel() * p.element_size() for p in schemes.make_model(schemes.CFG).parameters()]
+    right = len(dp.assign_buckets(sizes, 512 * 1024))
+    assert exercises.grade_buckets(None) == "exercise 1: not answered yet"
+    assert exercises.grade_buckets(right) == "exercise 1: correct"
+    for wrong in (right - 1, right + 1, len(dp.assign_buckets(sizes, 512 * 1024, None))):
+        if wrong != right:
+            said = exercises.grade_buckets(wrong)
+            assert said.startswith("exercise 1: wrong") and str(right) not in said
+
+
+def test_exercise_3_verdicts_from_ranks_results():
+    ok = {"err": 1e-7, "calls": 14, "async": True, "error": None}
+    assert exercises.verdict([ok, ok], 3).startswith("exercise 3: correct")
+    assert "not answered" in exercises.verdict([dict(ok, calls=0)] * 2, 3)
+    assert exercises.verdict([ok, dict(ok, err=0.3)], 3).startswith("exercise 3: wrong")
+    assert "asynchronously" in exercises.verdict([ok, dict(ok, **{"async": False})], 3)
+    assert "raised on rank 1: ValueError: x" in exercises.verdict([ok, dict(ok, error="ValueError: x")], 3)
+
+
+class NoMean(dp.Overlap):
+    """Waits for every sum but forgets to divide by N."""
+    def finish(self):
+        for _, work in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
+class Skeleton:
+    def __init__(self, model):
+        ...
+
+    def finish(self):
+        ...
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(300)
+def test_exercise_3_on_engines_right_wrong_and_unanswered(cluster3):
+    cluster3.view.push({"RightOverlap": dp.Overlap, "NoMean": NoMean, "Skeleton": Skeleton}, block=True)
+    cfg = dict(sizes=(16, 24, 5), batch=8)
+    assert exercises.grade_hook(cluster3, "RightOverlap", cfg).startswith("exercise 3: correct")
+    assert exercises.grade_hook(cluster3, "NoMean", cfg).startswith("exercise 3: wrong")
+    assert "not answered" in exercises.grade_hook(cluster3, "Skeleton", cfg)
+    assert "no 'Missing' on this engine" in exercises.grade_hook(cluster3, "Missing", cfg)
