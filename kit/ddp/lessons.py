@@ -31,13 +31,22 @@ def correct_check(x: dict) -> Check:
 
 
 def buckets_check(x: dict) -> Check:
-    """Fewer, larger messages make the step faster: the bucket size with the fewest allreduces beats the most."""
+    """Fewer, larger messages make the step faster: the bucket size with the fewest allreduces beats the most; the
+    steps' spread (fastest–slowest) of every bucket size is shown, and a difference inside it is said to be."""
     many, few = bucket_extremes(x)
     held = few["step_ms"] < many["step_ms"]
-    return Check("buckets", measured=f"{many['calls']} → {few['calls']} allreduces per step: {many['step_ms']:.1f} → "
-                 f"{few['step_ms']:.1f} ms", bound="fewer messages, a shorter step", held=held,
+    spread = lambda r: f"{r['step_ms']:.1f} ms ({r['step_ms_range'][0]:.1f}–{r['step_ms_range'][1]:.1f})"  # noqa: E731
+    rows = sorted((r for r in x["rows"] if r["scheme"].startswith("buckets:")), key=lambda r: -r["calls"])
+    inside = few["step_ms_range"][1] >= many["step_ms_range"][0]
+    detail = ("Median step (fastest–slowest of the timed steps) per bucket size: "
+              + "; ".join(f"{r['label']}, {r['calls']} allreduces: {spread(r)}" for r in rows)
+              + f". Compute alone: {by_scheme(x)['local']['step_ms']:.1f} ms"
+              + (". The extremes' ranges overlap: the difference of the medians is inside this run's spread"
+                 if inside else ". The extremes' ranges do not overlap"))
+    return Check("buckets", measured=f"{many['calls']} → {few['calls']} allreduces per step: {spread(many)} → "
+                 f"{spread(few)}", bound="fewer messages, a shorter step (medians)", held=held,
                  reason="" if held else f"{few['label']} took {few['step_ms']:.1f} ms against {many['label']}'s "
-                 f"{many['step_ms']:.1f}", detail=f"Compute alone: {by_scheme(x)['local']['step_ms']:.1f} ms")
+                 f"{many['step_ms']:.1f}", detail=detail)
 
 
 def model_check(x: dict, cores: int) -> Check:
