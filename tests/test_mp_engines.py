@@ -94,7 +94,8 @@ class GoodGather(tensor.ColumnParallelLinear):
 
 class NoBackwardSplit(tensor.ColumnParallelLinear):
     def forward(self, x):
-        parts = [torch.empty_like(y := super().forward(x)) for _ in range(dist.get_world_size())]
+        y = super().forward(x)
+        parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, y.detach())
         return torch.cat(parts, dim=-1)
 '''
@@ -103,8 +104,8 @@ class NoBackwardSplit(tensor.ColumnParallelLinear):
 def test_the_exercise_checks_tell_right_from_wrong_on_the_engines(job):
     job.view.execute(GATHER, block=True)
     assert ex.gather_check(job, "GoodGather")["ok"]
-    bad = ex.gather_check(job, "NoBackwardSplit")           # forgets the gradient: right output, wrong backward
-    assert not bad["ok"] and "gradient" in bad["why"]
+    bad = ex.gather_check(job, "NoBackwardSplit")           # cuts the graph: right output, no backward
+    assert bad["answered"] and not bad["ok"] and "grad" in bad["why"]
     job.view.execute("def my_order(p, m, stage):\n    return [('F', i) for i in range(m)] + "
                      "[('B', i) for i in range(m)]", block=True)
     assert ex.grads_check(job, p=job.size, m=3, names=("my_order",))["ok"]
@@ -120,3 +121,20 @@ def test_the_benchmark_writes_its_summary(tmp_path):
     assert x["placement"] is None and "not run" in line                   # tiny: no lab
     from kit.bench.mp import blocks
     assert len(blocks(x)) == 6
+
+
+def test_data_parallel_over_pipelines_equals_one_process():
+    from kit.mp import hybrid
+    with pytest.raises(ValueError, match="must divide by the stages"):
+        hybrid.layout(0, 3, 2)
+    assert hybrid.layout(3, 4, 2) == (1, 1, [2, 3], [[0, 2], [1, 3]])
+    before = descendants()
+    with kit.cluster.start(n=4, backend="gloo", timeout=60, quiet=True) as c:
+        c.init_process_group()
+        for name in ("afab", "1f1b"):
+            r = hybrid.dp_pp_check(c, p=2, m=3, steps=3, name=name)
+            assert r["ok"] and r["replicas"] == 2, r
+    deadline = time.time() + 10
+    while (descendants() - before) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not (descendants() - before)

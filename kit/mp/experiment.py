@@ -270,19 +270,24 @@ def engine_gather(cfg: dict, name: str) -> dict:
     import torch.distributed as dist
     from kit.mp import tensor
     cls = _engine_class(name, None)
-    n, d, hidden = dist.get_world_size(), cfg["d"], cfg["hidden"] or 4 * cfg["d"]
+    n, d = dist.get_world_size(), cfg["d"]
+    hidden = n * max(1, (cfg["hidden"] or 4 * d) // n)      # the exercise's layer: an output that divides by n
     gen = torch.Generator().manual_seed(cfg["seed"] + 2)
     x, w = torch.randn(cfg["batch"], d, generator=gen), torch.randn(cfg["batch"], hidden, generator=gen)
     full = tensor.mlp(d, hidden, cfg["seed"])[0]
-    layer = cls(full)
     xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-    ya, yb = layer(xa), full(xb)
-    if ya is None:
-        return {"ok": False, "why": "forward returned None", "answered": False}
-    if ya.shape != yb.shape:
-        return {"ok": False, "why": f"output shape {tuple(ya.shape)}, the unsharded layer's {tuple(yb.shape)}",
-                "answered": True}
-    (ya * w).sum().backward()
+    yb = full(xb)
+    try:
+        layer = cls(full)
+        ya = layer(xa)
+        if ya is None:
+            return {"ok": False, "why": "forward returned None", "answered": False}
+        if ya.shape != yb.shape:
+            return {"ok": False, "why": f"output shape {tuple(ya.shape)}, the unsharded layer's {tuple(yb.shape)}",
+                    "answered": True}
+        (ya * w).sum().backward()
+    except (RuntimeError, TypeError, ValueError, AttributeError) as e:     # a wrong answer, said as such
+        return {"ok": False, "why": f"{type(e).__name__}: {str(e).splitlines()[0]}", "answered": True}
     (yb * w).sum().backward()
     parts = [None] * n
     dist.all_gather_object(parts, layer.weight.grad.detach())
