@@ -124,7 +124,7 @@ def _engine_buckets_odd_shapes(bucket_bytes):
     coef = [torch.from_numpy(np.random.default_rng([r, i]).standard_normal(s).astype("float32"))
             for r in range(world) for i, s in enumerate(shapes)]
     mine = coef[rank * len(shapes):(rank + 1) * len(shapes)]
-    sync = dp.Buckets(params, bucket_bytes)
+    sync = dp.Buckets(params, bucket_bytes, first_bucket_bytes=None)   # every bucket at the swept cap
     out = []
     for step in range(2):                            # twice: the buckets reset after finish()
         for p in params:
@@ -148,7 +148,8 @@ def test_buckets_are_right_on_odd_shapes_and_unused_parameters(cluster3):
         outs = cluster3.view.apply_sync(_engine_buckets_odd_shapes, bucket_bytes)
         assert all(o["ok"] for o in outs), bucket_bytes
         counts.append(outs[0]["buckets"])
-    assert counts[0] == 6 and counts[-1] == 1 and counts == sorted(counts, reverse=True)
+    assert counts[0] == 5 and counts[-1] == 1 and counts == sorted(counts, reverse=True)
+    # at 1 byte every tensor reaches the cap alone except the empty one, which rides with the next
 
 
 def _engine_zero_state():
