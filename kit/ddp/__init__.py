@@ -1,7 +1,8 @@
 """Data parallelism from the ring to DDP, ZeRO and FSDP (notebook 05), as kit.mnist is notebook 04's: the schemes'
 experiment on the engines (schemes), what each rank holds at its peak against ZeRO's formulas
 (memory), the same on lab hosts with each lesson checked (lab), torchrun across hosts
-(torchrun). Its figures are kit.plots.ddp's."""
+(torchrun), overlap proved from torch.profiler traces (profile), the exercises' graders (exercises). Its figures are
+kit.plots.ddp's and kit.plots.trace's."""
 from kit.ddp.schemes import (
     CFG, all_schemes, by_scheme, experiment, first, horovod_note, make_model, batch, max_diff, reference, setup,
     table)
