@@ -79,18 +79,47 @@ def no_leaks():
 def cluster3():
     """One Gloo job of 3 engines (a ring where left != right) with a process group, shared by a module's engine
     tests, which it lets import the test modules; nothing of it is left running afterwards."""
+    yield from engines_job(3, timeout=60, process_group=True)
+
+
+def engines_job(n: int, process_group: bool = False, **start):
+    """Yield a Gloo cluster of n engines (kit.cluster.start(n, "gloo", quiet=True, **start)) that can import the test
+    modules, with a process group if asked; stop it after, and fail if any of its processes is left running (a
+    fixture's body: `yield from engines_job(2)`)."""
     before = descendants()
-    c = kit.cluster.start(n=3, backend="gloo", timeout=60, quiet=True)
+    c = kit.cluster.start(n, "gloo", quiet=True, **start)
     try:
-        c.init_process_group()
-        importable(c)
-        yield c
+        if process_group:
+            c.init_process_group()
+        yield importable(c)
     finally:
         c.stop()
         deadline = time.time() + 10
         while (descendants() - before) and time.time() < deadline:
             time.sleep(0.2)
         assert not (descendants() - before), "cluster processes left running"
+
+
+def find_browser(what: str) -> tuple[str, str]:
+    """Return (chromium, chromedriver) for the browser test `what`, or skip (not root) / fail (root, as in CI, where
+    `make setup` installs them) saying what to do."""
+    import shutil
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    try:
+        import selenium  # noqa: F401
+        have_selenium = True
+    except ImportError:
+        have_selenium = False
+    missing = [name for name, ok in (("Debian's chromium", chromium), ("chromium-driver (chromedriver)", driver),
+                                     ("selenium (pyproject.toml)", have_selenium)) if not ok]
+    if missing:
+        why = (f"{what} needs {', '.join(missing)}: run `make setup` as root (it apt-installs chromium "
+               "chromium-driver and pip-installs selenium into .venv)")
+        if is_root():
+            pytest.fail(why)
+        pytest.skip(why)
+    return chromium, driver
 
 
 # ------------------------------------------------------------------ lab leftovers (test_netlab, test_slurm_lab)

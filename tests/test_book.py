@@ -25,7 +25,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
-from conftest import descendants, is_root
+from conftest import descendants, find_browser
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
@@ -94,24 +94,6 @@ def words(heading: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- build, serve, read
-def browser_or_reason():
-    """Return (chromium, chromedriver) paths, or skip (not root) / fail (root, as in CI) saying what to do."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    try:
-        import selenium  # noqa: F401
-        have_selenium = True
-    except ImportError:
-        have_selenium = False
-    missing = [name for name, ok in (("Debian's chromium", chromium), ("chromium-driver (chromedriver)", driver),
-                                     ("selenium (pyproject.toml)", have_selenium)) if not ok]
-    if missing:
-        why = (f"the book's browser test needs {', '.join(missing)}: run `make setup` as root (it apt-installs "
-               "chromium chromium-driver and pip-installs selenium into .venv)")
-        if is_root():
-            pytest.fail(why)
-        pytest.skip(why)
-    return chromium, driver
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -198,7 +180,7 @@ def visit(browser, url: str, attempts: int = 3) -> dict:
 def book():
     """Build the book into a temp dir, serve it on 127.0.0.1, open every page reachable from its front page in
     headless Chromium; return what was read. Everything is gone afterwards."""
-    chromium, driver = browser_or_reason()
+    chromium, driver = find_browser("the book's browser test")
     before = descendants()
     tmp = Path(tempfile.mkdtemp(prefix="kit-book-"))
     server = browser = None

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 import kit.cluster as kc
-from conftest import descendants, importable
+from conftest import engines_job, importable
 
 pytestmark = pytest.mark.engines
 
@@ -18,16 +18,7 @@ TIMEOUT = 20
 
 @pytest.fixture(scope="module")
 def c2():
-    before = descendants()
-    c = kc.start(2, "gloo", timeout=TIMEOUT, devices="cpu", quiet=True)      # CPU engines, whatever the host
-    try:
-        yield importable(c)
-    finally:
-        c.stop()
-        deadline = time.time() + 10
-        while (descendants() - before) and time.time() < deadline:
-            time.sleep(0.2)
-        assert not (descendants() - before), "cluster processes left running"
+    yield from engines_job(2, timeout=TIMEOUT, devices="cpu")      # CPU engines, whatever the host
 
 
 def _ring(check):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import is_root
+from conftest import find_browser
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = "00_environment.ipynb"
@@ -59,24 +59,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def browser_or_reason():
-    """Return (chromium, chromedriver) paths, or skip (not root) / fail (root, as in CI) saying what to do."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver")
-    try:
-        import selenium  # noqa: F401
-        have_selenium = True
-    except ImportError:
-        have_selenium = False
-    missing = [name for name, ok in (("Debian's chromium", chromium), ("chromium-driver (chromedriver)", driver),
-                                     ("selenium (pyproject.toml)", have_selenium)) if not ok]
-    if missing:
-        why = (f"the JupyterLab UI test needs {', '.join(missing)}: run `make setup` as root (it apt-installs "
-               "chromium chromium-driver and pip-installs selenium into .venv)")
-        if is_root():      # CI runs as root: there `make setup` installs them, so missing is a failure
-            pytest.fail(why)
-        pytest.skip(why)
-    return chromium, driver
 
 
 def start_lab(tmp: Path, port: int, token: str) -> subprocess.Popen:
@@ -216,7 +198,7 @@ def stderr_texts(outputs):
 @pytest.mark.browser
 @pytest.mark.engines
 def test_notebook_00_runs_clean_in_jupyterlab(no_leaks):
-    chromium, driver = browser_or_reason()
+    chromium, driver = find_browser('the JupyterLab UI test')
     tmp = Path(tempfile.mkdtemp(prefix="kit-ui-"))
     port, token = free_port(), secrets.token_hex(24)
     proc = browser = None

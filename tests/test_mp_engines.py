@@ -6,7 +6,7 @@ import time
 import pytest
 
 import kit
-from conftest import descendants
+from conftest import descendants, engines_job
 from kit.mp import experiment as ex, model
 
 pytestmark = pytest.mark.engines
@@ -14,17 +14,7 @@ pytestmark = pytest.mark.engines
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["n2", "n3"])
 def job(request):
-    before = descendants()
-    c = kit.cluster.start(n=request.param, backend="gloo", timeout=60, quiet=True)
-    try:
-        c.init_process_group()
-        yield c
-    finally:
-        c.stop()
-        deadline = time.time() + 10
-        while (descendants() - before) and time.time() < deadline:
-            time.sleep(0.2)
-        assert not (descendants() - before), "cluster processes left running"
+    yield from engines_job(request.param, timeout=60, process_group=True)
 
 
 @pytest.mark.parametrize("d, hidden", [(16, 64), (30, 77), (7, 5)])
