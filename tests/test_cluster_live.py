@@ -51,3 +51,31 @@ def test_only_a_cells_own_call_counts_as_started_from_a_cell(monkeypatch):
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)
     exec("def start():\n    return live.called_from_cell()\nfrom_cell = start()", cell)   # no IPython at all
     assert cell["from_cell"] is False
+
+
+class View:
+    def __init__(self, registry):
+        self.registry = registry
+
+    def activate(self):                                   # what ipyparallel's View.activate does: new magics
+        self.registry["ParallelMagics"] = types.SimpleNamespace(view=self)
+
+
+def test_when_the_cluster_px_targets_stops_px_targets_the_newest_live_one_again(monkeypatch):
+    """Notebook 05: its lab section's `with kit.cluster.start(..., hosts=lab)` took %%px; after the block the
+    notebook's own cluster must have it back, not the stopped one (ClusterStoppedError in the next %%px cell)."""
+    registry = {}
+    shell = types.SimpleNamespace(magics_manager=types.SimpleNamespace(registry=registry))
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    monkeypatch.setattr(live, "_LIVE", [])
+    main, other, inner = Stub(("gloo", "local")), Stub(("mpi", "local")), Stub(("gloo", (("h1", 1),)))
+    for c in (main, other, inner):
+        c._view = View(registry)
+        live.add(c)
+        c._view.activate()                                # each start activates its view
+    other.stop()                                          # %%px is not on it: nothing changes
+    assert registry["ParallelMagics"].view is inner._view
+    inner.stop()
+    assert registry["ParallelMagics"].view is main._view  # the newest live cluster's view again
+    main.stop()                                           # none left: %%px keeps the stopped view (it refuses)
+    assert registry["ParallelMagics"].view is main._view

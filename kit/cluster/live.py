@@ -22,9 +22,22 @@ def add(cluster):
 
 
 def discard(cluster):
-    """Forget a cluster that stops."""
+    """Forget a cluster that stops; if %%px targets it, make %%px target the newest live cluster again (a notebook
+    that ran a `with kit.cluster.start(...)` cell goes on with its own cluster's %%px cells)."""
     if cluster in _LIVE:
         _LIVE.remove(cluster)
+    views = [c._view for c in _LIVE if getattr(c, "_view", None) is not None]
+    view = getattr(cluster, "_view", None)
+    if view is None or not views:
+        return
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    magics = shell.magics_manager.registry.get("ParallelMagics") if shell is not None else None
+    if magics is not None and getattr(magics, "view", None) is view:
+        views[-1].activate()
 
 
 def live() -> list:
