@@ -123,5 +123,5 @@ def test_a_stopped_cluster_and_everything_it_handed_out_refuse(c2):
         with pytest.raises(kc.ClusterStoppedError, match=stopped):
             use()
             pytest.fail(f"{name} did not refuse")
-    assert "stopped at" in repr(c2)
+    assert repr(c2).endswith(" stopped>")       # no time: notebooks print it in checked cells
     c2.stop()                                              # a second stop() does nothing

@@ -239,7 +239,7 @@ class Refusing:
         if self._state == "running" and self._controller is None:
             self.poll_dead()
         err = self.refusal()
-        state = "running" if err is None else f"stopped at {self._stopped_at}" if self._state == "stopped" else \
+        state = "running" if err is None else "stopped" if self._state == "stopped" else \
             "not started" if self._state == "new" else f"broken ({type(err).__name__}: dead ranks " \
             f"{sorted(self.dead)})" if isinstance(err, RankDiedError) else f"broken ({type(err).__name__})"
         return f"<kit.cluster.Cluster n={self.n} backend={self.backend!r} {state}>"
