@@ -170,3 +170,24 @@ def test_a_real_trace_with_loader_workers(tmp_path, no_leaks):
     assert got["steps"] == 3
     axes = plots_trace.plot_traces({"W=2": path, "again": path})
     assert len(axes) == 2 and axes[0].get_title() == "W=2"
+
+
+def test_the_committed_loading_traces_open_as_chrome_traces_with_the_lesson_s_spans():
+    """results/loading_W*.json.gz (python -m kit.bench loading): valid Chrome trace JSON for Perfetto, with the steps,
+    the DataLoader's __next__ and the compute that notebook 01's figure draws, and its W = 0 run waiting longer."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    paths = sorted((root / "results").glob("loading_W*.json.gz"))
+    recorded = json.loads((root / "results" / "loading.json").read_text())["traces"]
+    assert {p.name for p in paths} == set(recorded["files"]), (paths, recorded)
+    waits = {}
+    for p in paths:
+        t = trace.load(p)
+        assert not trace.invalid_events(t), p
+        for pattern in (trace.STEP, trace.LOADER, trace.COMPUTE):
+            assert trace.spans(t, pattern), f"{p.name}: no span matching {pattern}"
+        waits[p.name] = trace.data_wait(t)
+    w0 = waits.pop("loading_W0.json.gz")
+    (best,) = waits.values()
+    assert w0["wait_share"] > best["wait_share"], (w0, best)
