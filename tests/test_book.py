@@ -141,6 +141,12 @@ JS_PAGE = """const done = arguments[arguments.length - 1];
     nav: all('nav.bd-docs-nav a[href], article.bd-article .toctree-wrapper a[href]').map(a => a.href),
     ids: all('[id]').map(e => e.id).concat(all('a[name]').map(a => a.name)),
     loaded: performance.getEntriesByType('resource').map(r => r.name),
+    // a page the browser got only part of (seen once under load: 3 of a notebook's 5 figures) holds fewer <img>
+    // than the file the server sends: visit() loads it again
+    whole: await (async () => { try {
+      const text = await (await fetch(location.href, {cache: 'no-store'})).text();
+      return (text.match(/<img /g) || []).length <= document.querySelectorAll('img').length;
+    } catch (e) { return true; } })(),
   };
 })().then(done, e => done({error: String(e)}));"""
 
@@ -169,9 +175,10 @@ def visit(browser, url: str, attempts: int = 3) -> dict:
         browser.get(url)
         got = browser.execute_async_script(JS_PAGE)
         assert "error" not in got, f"{url}: {got.get('error')}"
-        if got["article"] or url.endswith(("/genindex.html", "/search.html")):
+        if (got["article"] or url.endswith(("/genindex.html", "/search.html"))) and got["whole"]:
             break
-        print(f"\n{url}, load {attempt}: no article; at {browser.current_url!r}, titled {got['title']!r}: "
+        print(f"\n{url}, load {attempt}: {'part of the page' if got['article'] else 'no article'}; at "
+              f"{browser.current_url!r}, titled {got['title']!r}: "
               f"{browser.execute_script('return document.documentElement.outerHTML.slice(0, 500)')!r}")
     return got
 
