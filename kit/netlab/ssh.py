@@ -77,7 +77,12 @@ def sshd_cmd(lab, host: str) -> list[str]:
             "AuthenticationMethods": "publickey", "PasswordAuthentication": "no",
             "KbdInteractiveAuthentication": "no", "UsePAM": "no", "StrictModes": "no", "PidFile": "none",
             "X11Forwarding": "no", "AllowAgentForwarding": "no", "AllowTcpForwarding": "no",
-            "PermitTunnel": "no", "MaxStartups": "100:30:200", "LogLevel": "ERROR"}
+            "PermitTunnel": "no", "MaxStartups": "100:30:200", "LogLevel": "ERROR",
+            # bash reads ~/.bashrc in an SSH session only as a top-level shell (SHLVL < 2): with SHLVL=1 set, the
+            # session's shell is level 2 and skips it. A user's .bashrc (here root's: pyenv init and its rehash
+            # lock) is not the lab's business, and a session ended mid-rehash left a lock that made every later
+            # login wait 60 s. The kit gives its commands full paths and their environment itself.
+            "SetEnv": "SHLVL=1"}
     return [find_sshd(), "-D", "-e", "-f", "/dev/null", *[a for k, v in opts.items() for a in ("-o", f"{k}={v}")]]
 
 
