@@ -259,8 +259,9 @@ def test_a_stopped_lab_refuses_everything_and_its_successor_is_untouched(no_leak
         # pytest-xdist worker) took it in between: then the stale lab must still refuse and leave this one alone
         assert new.id != old.id or new.bridge == old.bridge
         job = new.launch("h1", ["sleep", "300"])       # a job of the new lab's: old.kill_jobs() must spare it
-        deadline = time.time() + 60
-        while not new.job_pids()["h1"] and time.time() < deadline:
+        deadline = time.time() + 60      # wait for `sleep` itself: the session's shell is seen a moment earlier
+        while time.time() < deadline and not any(
+                psutil.Process(p).name() == "sleep" for p in new.job_pids()["h1"] if psutil.pid_exists(p)):
             time.sleep(0.2)
         sshd, jobs, links = [p.pid for p in new._sshd.values()], new.job_pids(), link_state(new)
         for name, call in STALE_CALLS.items():
