@@ -153,6 +153,10 @@ def loss_fn(out, target):
 def run_step(module, acts, *, stage: int, p: int, xs=None, ys=None, shape=None, ranks=None, clock=time.perf_counter):
     """Run one step of `acts` for this stage: receive, compute, send; return events, loss, activations held.
 
+    An event spans what the stage does for one action, from the moment its input is there (after the recv) to the
+    moment it has handed its output on (isend posted): its busy time. The rest is the stage waiting for a
+    neighbour, the idle time the bubble formula is about.
+
     xs: the first stage's micro-batch inputs; ys: the last stage's targets; shape: a micro-batch's activation
     shape (what the others receive); ranks: the global rank of each stage (default 0..p-1). Each micro-batch's
     loss is divided by m, so the gradients are those of the mean over the whole batch."""
@@ -179,11 +183,11 @@ def run_step(module, acts, *, stage: int, p: int, xs=None, ys=None, shape=None, 
                 y = module(x)
                 if nxt is None:
                     y = loss_fn(y, ys[i]) / m
-            t1 = clock()
             if nxt is None:
                 loss += float(y)
             else:
                 sends.append(dist.isend(y.detach(), nxt))
+            t1 = clock()                                # computed and handed on: the stage is free again
             saved[i] = (x, y, size[0])
             held, live = held + 1, live + size[0]
             peak, peak_bytes = max(peak, held), max(peak_bytes, live)
@@ -195,9 +199,9 @@ def run_step(module, acts, *, stage: int, p: int, xs=None, ys=None, shape=None, 
                 dist.recv(grad, nxt)                    # the next stage's gradient of my output
             t0 = clock()
             y.backward(grad)
-            t1 = clock()
             if prev is not None:
                 sends.append(dist.isend(x.grad, prev))
+            t1 = clock()
             held, live = held - 1, live - nbytes
         events.append({"stage": stage, "kind": kind, "mb": i, "t0": t0, "t1": t1})
     for w in sends:
