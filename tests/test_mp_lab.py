@@ -14,10 +14,10 @@ def test_placements_on_two_hosts_send_the_bytes_of_the_model(no_leaks):
         with kit.cluster.start(n=4, backend="gloo", hosts=lab, quiet=True, timeout=60) as c:
             c.init_process_group()
             x = mplab.placement(c, cfg=cfg, rate="1gbit")
-    claims = {name: (held, text) for name, held, text in mplab.claims(x)}
-    assert claims["same computation"][0], claims["same computation"][1]
+    claims = {c.name: c for c in mplab.claims(x)}
+    assert claims["same computation"].held, claims["same computation"]
     for r in x["rows"]:
-        assert claims[f"bytes, {r['label']}"][0], claims[f"bytes, {r['label']}"][1]
+        assert claims[f"bytes, {r['label']}"].held, claims[f"bytes, {r['label']}"]
         assert set(r["nic_tx_by_host"]) == {"h1", "h2"}
     tx = {r["placement"]: r["model_tx"] for r in x["rows"]}
     assert tx["tp_across"] == (4 * 2 - 1) / 2 * tx["tp_in_host"]      # TP's bytes: 3.5x PP's at 2 blocks a stage

@@ -97,32 +97,27 @@ def save_figures(x: dict, out_dir):
 
 
 def summary(x: dict) -> str:
-    """The one-line summary: the checks of each lesson with their numbers."""
-    tp, s, lv = x["tp"], x["summary_checks"], x["levers"]
+    """The one-line summary: the run's key numbers, then each lesson's verdict (kit.mp.lessons, kit.checks)."""
+    from kit import checks
+    from kit.mp import lessons
+    s, lv = x["summary_checks"], x["levers"]
     worst = f"{100 * s['bubble_worst']:.0f}%" if s["bubble_worst"] is not None else "n/a"
-    said = lambda ok: "held" if ok else "did not hold"    # noqa: E731  (render keeps a clause that did not hold)
-    out = (f"mp: {x['n']} gloo engines; TP MLP equals the unsharded block: {tp['ok'] and x['tp_odd']['ok']} "
-           f"(odd sizes too), {tp['allreduces']} allreduces handing {tp['handed']:,} B per block-step = the model's "
-           f"{tp['model_handed']:,}: {tp['handed'] == tp['model_handed']}; AFAB and 1F1B give one process's gradients: "
-           f"{x['grads']['ok']}; bubble within {100 * s['tol']:.0f}% of (p-1)/(m+p-1) for m >= p "
-           f"{said(s['bubble_ok'])} (worst {worst}, of {s['n_fits']} settings); 1F1B holds <= p micro-batches: "
-           f"{s['onefonb_ok']}, AFAB all m: "
-           f"{s['afab_grows']}")
+    out = (f"mp: {x['n']} gloo engines; TP MLP {x['tp']['allreduces']} allreduces handing {x['tp']['handed']:,} B per "
+           f"block-step (model {x['tp']['model_handed']:,}); bubble at worst {worst} from (p-1)/(m+p-1) over "
+           f"{s['n_fits']} settings with m >= p")
     pl = x.get("placement")
     if pl:
-        from kit.mp.lab import claims
         rows = {r["placement"]: r for r in pl["rows"]}
         a, b = rows["tp_in_host"], rows["tp_across"]
-        held = {name: ok for name, ok, _ in claims(pl)}
         out += (f"; 2 hosts x 2 engines at 1gbit: TP across {b['step_ms']:.0f} ms vs TP inside {a['step_ms']:.0f} ms "
-                f"per step (measured difference {pl['delta_ms']:.0f} ms, model {pl['model_delta_ms']:.0f}), NIC bytes "
-                f"per host {b['nic_tx'] / 1e6:.2f} vs {a['nic_tx'] / 1e6:.2f} MB, within 3% of the model: "
-                f"{all(v for k, v in held.items() if k.startswith('bytes'))}")
+                f"per step (difference {pl['delta_ms']:.0f} ms, model {pl['model_delta_ms']:.0f}), NIC bytes per host "
+                f"{b['nic_tx'] / 1e6:.2f} vs {a['nic_tx'] / 1e6:.2f} MB")
     else:
         out += f"; placement on the lab: not run ({x.get('placement_note', 'needs root')})"
-    return out + (f"; checkpointing {lv['checkpoint']['activations'] / lv['plain']['activations']:.2f}x the "
-                  f"activations for {lv['checkpoint']['ms'] / lv['plain']['ms']:.2f}x the time, bf16 "
-                  f"{lv['bf16']['activations'] / lv['plain']['activations']:.2f}x")
+    out += (f"; checkpointing {lv['checkpoint']['activations'] / lv['plain']['activations']:.2f}x the activations "
+            f"for {lv['checkpoint']['ms'] / lv['plain']['ms']:.2f}x the time, bf16 "
+            f"{lv['bf16']['activations'] / lv['plain']['activations']:.2f}x")
+    return out + f"; checks {checks.summary_line(lessons.bench_checks(x))}"
 
 
 def blocks(x: dict) -> list[str]:
@@ -157,6 +152,7 @@ def blocks(x: dict) -> list[str]:
                f"{1e3 * t['model_step_s']:.0f} ms")
     pl = x.get("placement")
     if pl:
+        from kit import checks
         from kit.mp.lab import claims
         prow = ["| placement | step ms (range) | model step ms | bytes sent per host NIC | model |",
                 "|---|---|---|---|---|"]
@@ -164,8 +160,7 @@ def blocks(x: dict) -> list[str]:
             lo, hi = r["step_ms_range"]
             prow.append(f"| {r['label']} | {r['step_ms']:.1f} ({lo:.1f}–{hi:.1f}) | {r['model_step_ms']:.1f} | "
                         f"{r['nic_tx']:,.0f} | {r['model_tx']:,} |")
-        out.append("\n".join(prow) + "\n\n" + "\n".join(
-            f"- **{n}** ({'held' if ok else 'did not hold'}): {text}." for n, ok, text in claims(pl)))
+        out.append("\n".join(prow) + "\n\n" + checks.markdown(claims(pl)))
     else:
         out.append(f"Not run: {x.get('placement_note', 'the placement needs root (kit.netlab)')}.")
     lv = x["levers"]

@@ -43,6 +43,9 @@ def failed_checks(name: str, x: dict) -> list:
     if name == "ddp_lab":
         from kit.ddp.lab import claims
         return [c for c in claims(x["runs"][-1]) if not c.held]
+    if name == "mp":
+        from kit.mp.lessons import bench_checks
+        return [c for c in bench_checks(x) if not c.held]
     return []
 
 

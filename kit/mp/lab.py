@@ -14,6 +14,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from kit.checks import Check
+
 CFG = dict(d=128, mb=1024, m=4, blocks=2, seed=0, reps=6)
 PLACEMENTS = {"tp_in_host": "TP inside a host, PP across hosts", "tp_across": "TP across hosts, PP inside a host"}
 
@@ -54,8 +56,9 @@ def engine_placement(cfg: dict, placements) -> dict:
     for rep in range(cfg["reps"] + 1):                    # the placements take turns; the first round warms up
         for name in placements:
             module, stage, pipe = setups[name]
+            c0 = counters()          # before the barrier: no rank of this host can send the step's bytes yet
             dist.barrier()
-            c0, t0 = counters(), time.perf_counter()
+            t0 = time.perf_counter()
             r = pp.run_step(module, pp.one_f_one_b(2, m, stage), stage=stage, p=2, xs=x.chunk(m) if stage == 0
                             else None, ys=y.chunk(m) if stage == 1 else None, shape=(mb, d), ranks=pipe)
             t1 = time.perf_counter()
@@ -147,24 +150,40 @@ def placement(cluster, cfg: dict | None = None, rate: str | None = None, placeme
                           for n in placements}}
 
 
-def claims(x: dict, bytes_tol: float = 0.03) -> list[tuple[str, bool, str]]:
-    """Return (name, held, sentence) for each lesson of the placement run."""
+def claims(x: dict, bytes_tol: float = 0.03, factor: float = 2.0) -> list[Check]:
+    """Return the placement run's lessons, each checked (kit.checks.Check): each host NIC's bytes within
+    `bytes_tol` of the model; TP across the link slower than TP inside a host, by the model's difference within
+    `factor` either way; both placements compute the same loss."""
     a, b = (next(r for r in x["rows"] if r["placement"] == n) for n in ("tp_in_host", "tp_across"))
     out = []
     for r in (a, b):
         err = r["nic_tx"] / r["model_tx"] - 1
-        out.append((f"bytes, {r['label']}", abs(err) <= bytes_tol,
-                    f"the busiest NIC sent {r['nic_tx']:,.0f} bytes per step, the model {r['model_tx']:,.0f} "
-                    f"({100 * err:+.1f}%, headers included; tolerance {100 * bytes_tol:.0f}%)"))
+        ok = abs(err) <= bytes_tol
+        out.append(Check(f"bytes, {r['label']}",
+                         measured=f"the busiest NIC sent {r['nic_tx']:,.0f} bytes per step, the model "
+                                  f"{r['model_tx']:,.0f} ({100 * err:+.1f}%, headers included)",
+                         bound=f"within {100 * bytes_tol:.0f}% of the model", held=ok,
+                         reason="" if ok else ("the NIC sent more than the step's payload: retransmissions, "
+                                               "or traffic beside the job" if err > 0 else
+                                               "the NIC sent less than the model says crossed it")))
+    slower = b["step_ms"] > a["step_ms"]
+    out.append(Check("TP across the link is slower",
+                     measured=f"{b['label']}: {b['step_ms']:.1f} ms per step, {a['label']}: {a['step_ms']:.1f} ms",
+                     bound="TP across slower than TP inside", held=slower,
+                     reason="" if slower else "on this run the steps' spread was larger than the difference"))
     ratio = x["delta_ms"] / x["model_delta_ms"] if x["model_delta_ms"] > 0 else float("nan")
-    out.append(("TP across the link is slower", b["step_ms"] > a["step_ms"],
-                f"{b['label']}: {b['step_ms']:.1f} ms per step, {a['label']}: {a['step_ms']:.1f} ms"))
-    out.append(("by the amount the model says", 0.5 <= ratio <= 2,
-                f"measured difference {x['delta_ms']:.1f} ms, the model's {x['model_delta_ms']:.1f} ms "
-                f"({ratio:.2f}x; one allreduce across the link alone {x['t_allreduce_ms']:.2f} ms, an activation "
-                f"from both TP ranks across it {x['t_p2p_ms']:.2f} ms, a forward {x['compute_ms'][0]:.1f} and a "
-                f"backward {x['compute_ms'][1]:.1f} ms of compute; within 0.5-2x counts as held: in the steady "
-                f"state both stages' allreduces share each NIC, which the model leaves out)"))
-    out.append(("same computation", abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(a["loss"])),
-                f"both placements computed the same loss ({a['loss']:.6f} and {b['loss']:.6f})"))
+    ok = 1 / factor <= ratio <= factor
+    out.append(Check("by the amount the model says",
+                     measured=f"measured difference {x['delta_ms']:.1f} ms, the model's {x['model_delta_ms']:.1f} ms "
+                              f"({ratio:.2f}x)",
+                     bound=f"within {1 / factor:g}-{factor:g}x of the model", held=ok,
+                     reason="" if ok else "in the steady state of 1F1B both stages' allreduces share each NIC at "
+                                          "once, which the model (one collective at a time) leaves out",
+                     detail=f"The model's parts: one allreduce across the link alone {x['t_allreduce_ms']:.2f} ms, "
+                            f"an activation from both TP ranks across it {x['t_p2p_ms']:.2f} ms, a forward "
+                            f"{x['compute_ms'][0]:.1f} and a backward {x['compute_ms'][1]:.1f} ms of compute"))
+    same = abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(a["loss"]))
+    out.append(Check("same computation", measured=f"losses {a['loss']:.6f} and {b['loss']:.6f}",
+                     bound="equal within 1e-5 (relative)", held=same,
+                     reason="" if same else "the two layouts did not compute the same model"))
     return out

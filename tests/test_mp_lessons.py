@@ -1,0 +1,82 @@
+"""kit.mp.lessons and kit.mp.lab.claims: notebook 06's lessons as kit.checks values, on runs made up here (one
+that meets each bound, one that breaks it): each check can fail, and then says why."""
+import json
+from pathlib import Path
+
+import pytest
+
+from kit import checks
+from kit.bench import mp as bench_mp
+from kit.mp import lab as mplab, lessons, model, pipeline as pp
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sweep_of(ps=(2, 4), ms=(1, 4, 16), overhead=0.0, afab_peak=None):
+    """A sweep as kit.mp.experiment.sweep returns it, played by the simulator (+ `overhead` of idle per action)."""
+    rows = []
+    for p in ps:
+        for m in ms:
+            for name in ("afab", "1f1b"):
+                ev = pp.simulate(pp.schedule(name), p, m, tf=1.0, tb=2.0, link=overhead)
+                b = pp.bubble_of(ev)
+                peak = [pp.peak_held(pp.schedule(name)(p, m, s)) for s in range(p)]
+                if name == "afab" and afab_peak is not None:
+                    peak = [afab_peak] * p
+                rows.append({"p": p, "m": m, "schedule": name, "bubble": b, "bubble_range": [b, b],
+                             "model": model.bubble(p, m), "peak": peak, "peak_bytes": [100 * k for k in peak],
+                             "peak_model": [model.peak_in_flight(name, p, m, s) for s in range(p)]})
+    return {"rows": rows}
+
+
+def test_the_bubble_holds_on_the_formula_and_fails_with_its_reason_when_hops_cost_time():
+    good = lessons.bubble_check(sweep_of())
+    assert good.held and "0% from the formula" in good.measured
+    bad = lessons.bubble_check(sweep_of(overhead=0.5))        # each hop half a forward: the formula is off
+    assert not bad.held and "wait in recv" in bad.reason
+    assert "did not hold" in checks.markdown([bad])
+    none = lessons.bubble_check(sweep_of(ms=(1,), ps=(2,)))
+    assert not none.held and "m ≥ p" in none.reason
+
+
+def test_activations_held_fail_when_a_schedule_holds_other_than_the_formula():
+    assert all(c.held for c in lessons.memory_checks(sweep_of(), 4, 16))
+    bad = lessons.memory_checks(sweep_of(afab_peak=2), 4, 16)  # AFAB holding 2, not m
+    names = {c.name: c for c in bad}
+    assert not names["AFAB holds all m"].held and not names["as the formula says"].held
+    assert names["1F1B holds at most p"].held
+    assert "p = 2, m = 4 held [2, 2]" in names["AFAB holds all m"].reason
+
+
+def tp_run(ok=True, allreduces=2, handed=16384):
+    diff = {"out": 1e-7, "dx": 2e-7, "grads": 3e-7 if ok else 0.5, "ok": ok}
+    return {"cfg": {"d": 64, "hidden": 256, "batch": 32}, "diff": [diff] * 4, "ok": ok, "allreduces": allreduces,
+            "handed": handed, "model_handed": 16384, "sent": 24576.0, "held": [33280] * 4, "full": 132352}
+
+
+def test_tensor_parallel_checks_fail_on_a_wrong_layer_and_an_extra_allreduce():
+    assert [c.held for c in lessons.tp_checks(tp_run(), tp_run())] == [True, True]
+    equal, bytes_ = lessons.tp_checks(tp_run(ok=False), tp_run())
+    assert not equal.held and "0.5" in equal.reason and bytes_.held
+    _, bytes_ = lessons.tp_checks(tp_run(allreduces=3, handed=24576), tp_run())
+    assert not bytes_.held and "3 times" in bytes_.reason and "+8,192" in bytes_.reason
+
+
+def test_the_levers_and_the_placement_checks_can_fail():
+    plain = {"activations": 1000, "ms": 10.0}
+    good = lessons.lever_checks(plain, {"activations": 200, "ms": 12.0}, {"activations": 500, "ms": 11.0}, 1.0, 1.0)
+    assert all(c.held for c in good)
+    bad = lessons.lever_checks(plain, {"activations": 1000, "ms": 12.0}, {"activations": 1000, "ms": 11.0}, 1.0, 1.0)
+    assert not any(c.held for c in bad) and "did not save" in bad[0].reason
+    x = json.loads((REPO / "results" / "mp.json").read_text())["placement"]
+    x["rows"] = [{**r, "nic_tx": r["model_tx"] * 0.9} for r in x["rows"]]     # 10% short of the model
+    assert [c.held for c in mplab.claims(x)][:2] == [False, False]
+    assert "less than the model" in mplab.claims(x)[0].reason
+
+
+def test_the_benchmark_summary_carries_every_check_of_its_run():
+    x = json.loads((REPO / "results" / "mp.json").read_text())
+    every = lessons.bench_checks(x)
+    line = bench_mp.summary(x)
+    assert all(c.name in line for c in every)
+    assert all(f"{c.name} did not hold" in line for c in every if not c.held)
