@@ -176,3 +176,26 @@ def test_latency_table_fits_the_servers_empty_steps(monkeypatch):
     lat = ps_measure.latency_table(type("C", (), {"size": 5})(), runs=2)
     assert lat["ns"] == [1, 2, 3, 4] and lat["alpha"] == pytest.approx(alpha) and lat["o"] == pytest.approx(o)
     assert all(lo == hi for lo, hi in lat["range"])
+
+
+def test_notebook_02s_checkers_accept_the_right_answers_and_reject_wrong_ones():
+    from types import SimpleNamespace
+
+    from kit.comm import exercises as ex
+    K = 1000
+    rows = [{"N": 3, "k": 1, "servers_in": [3000]}, {"N": 2, "k": 2, "servers_in": [1000, 1000]}]
+    assert ex.check_server_bytes(lambda N, K, k: N * K / k, lambda N, K, k: N * K, rows, K) == "exercise 1: correct"
+    assert "all servers wrong" in ex.check_server_bytes(lambda N, K, k: N * K / k, lambda N, K, k: N * K / k, rows, K)
+    assert ex.check_server_bytes(None, None, rows, K) == "exercise 1: not answered yet"
+    alpha, o, B, Kb, c = 50e-6, 5e-6, 25e9 / 8, 25.6e6 * 4, 0.25
+    n = next(n for n in range(1, 10_000) if cm.t_comm_ps(n, Kb, alpha, B, 1, o) > c)
+    assert ex.check_n_star(n, alpha, B, Kb, c, o) == "exercise 2: correct"
+    assert ex.check_n_star(n + 1, alpha, B, Kb, c, o) == "exercise 2: wrong"
+    k = next(k for k in range(1, 65) if cm.t_comm_ps(64, Kb, alpha, B, k, o) <= c)
+    assert ex.check_k_star(k, alpha, B, Kb, c, o) == "exercise 3: correct"
+    assert "too few" in ex.check_k_star(k - 1, alpha, B, Kb, c, o)
+    assert "more than needed" in ex.check_k_star(k + 1, alpha, B, Kb, c, o)
+    run = SimpleNamespace(servers=[{"staleness": [0] * 6, "from": [0, 1, 2, 0, 1, 2]}],
+                          config=SimpleNamespace(workers=3, batch=120))
+    assert ex.check_async_counts(6, 2, 40, run) == "exercise 4: correct"
+    assert ex.check_async_counts(2, 2, 40, run) == "exercise 4: wrong"

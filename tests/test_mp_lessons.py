@@ -3,7 +3,6 @@ that meets each bound, one that breaks it): each check can fail, and then says w
 import json
 from pathlib import Path
 
-import pytest
 
 from kit import checks
 from kit.bench import mp as bench_mp

@@ -1,9 +1,16 @@
-"""Checks of notebooks 02's and 03's cost-model exercises, written once for the notebook and its solutions: the
-check computes the right answer here, so no visible cell of the notebook holds it.
+"""Checks of notebooks 02's and 03's exercises, written once for each notebook and its solutions: the check
+computes the right answer here, so no visible cell of the notebook holds it.
 
+    check_server_bytes(each, total, rows, K)                    # notebook 02, exercise 1
+    check_n_star(n, alpha, B, K, compute_s, o)                  # notebook 02, exercise 2
+    check_k_star(k, alpha, B, K, compute_s, o, n=64)            # notebook 02, exercise 3
+    check_async_counts(updates, per_worker, samples, run)       # notebook 02, exercise 4
+    check_colocated(fn, cluster)                                # notebook 02, exercise 5 (on the engines)
     check_ring_vs_ps(gap, k_star, ps_wins, alpha, o, B, N=64)   # notebook 03, exercise 3
 """
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 
@@ -31,3 +38,89 @@ def check_ring_vs_ps(gap, k_star, ps_wins, alpha: float, o: float, B: float, N: 
     word = lambda ok: "right" if ok else "wrong"  # noqa: E731
     return (f"exercise 3: t_ps - t_ring {word(right_gap)}, the crossover K {word(right_k)}, "
             f"'the server wins at some K' {word(right_wins)}")
+
+
+def check_server_bytes(each, total, rows, K) -> str:
+    """Notebook 02, exercise 1: `each(N, K, k)` the bytes ONE server receives per step, `total(N, K, k)` all of them
+    together, against the counted `rows` (kit.comm.ps_measure.summarise)."""
+    if each is None or total is None:
+        return "exercise 1: not answered yet"
+    right_each = all(abs(b - each(r["N"], K, r["k"])) <= 4 * r["N"]      # shards differ by at most one float
+                     for r in rows for b in r["servers_in"])
+    right_total = all(sum(r["servers_in"]) == total(r["N"], K, r["k"]) for r in rows)
+    return ("exercise 1: correct" if right_each and right_total else
+            f"exercise 1: each server {'right' if right_each else 'wrong'}, "
+            f"all servers {'right' if right_total else 'wrong'}")
+
+
+def check_n_star(n, alpha: float, B: float, K: float, compute_s: float, o: float) -> str:
+    """Notebook 02, exercise 2: the smallest N for which one server's communication exceeds `compute_s`."""
+    if n is None:
+        return "exercise 2: not answered yet"
+    t = lambda n: t_comm_ps(n, K, alpha, B, 1, o)   # noqa: E731
+    return "exercise 2: correct" if n >= 1 and t(n) > compute_s >= t(n - 1) else "exercise 2: wrong"
+
+
+def check_k_star(k, alpha: float, B: float, K: float, compute_s: float, o: float, n: int = 64) -> str:
+    """Notebook 02, exercise 3: the fewest servers that keep n workers' communication at or below `compute_s`."""
+    if k is None:
+        return "exercise 3: not answered yet"
+    t = lambda k: t_comm_ps(n, K, alpha, B, k, o)   # noqa: E731
+    fits = k >= 1 and t(k) <= compute_s
+    fewest = k == 1 or (k > 1 and t(k - 1) > compute_s)
+    return "exercise 3: correct" if fits and fewest else \
+        f"exercise 3: wrong ({'too few' if not fits else 'more than needed'})"
+
+
+def check_async_counts(updates, per_worker, samples, run) -> str:
+    """Notebook 02, exercise 4: an asynchronous run's updates in all, from each worker, and samples in each."""
+    if None in (updates, per_worker, samples):
+        return "exercise 4: not answered yet"
+    srv, n = run.servers[0], run.config.workers
+    right = (updates == len(srv["staleness"]) and all(srv["from"].count(w) == per_worker for w in range(n))
+             and samples == run.config.batch // n)
+    return "exercise 4: correct" if right else "exercise 4: wrong"
+
+
+def _colocated_run(fn):
+    """On every engine: `fn` on this rank's seeded gradient; return (equal to the mean?, bytes isend sent) or the
+    error. A message nobody sends ends in the group's timeout, not a hang."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    rank, n = dist.get_rank(), dist.get_world_size()
+    inputs = [torch.from_numpy(np.random.default_rng([5, r]).standard_normal(1001).astype(np.float32))
+              for r in range(n)]
+    sent, isend = [0], dist.isend
+
+    def counting(tensor, dst, *a, **kw):
+        sent[0] += tensor.numel() * tensor.element_size()
+        return isend(tensor, dst, *a, **kw)
+    dist.isend = counting
+    try:
+        out = fn(inputs[rank].clone())
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        dist.isend = isend
+    return bool(torch.allclose(out, torch.stack(inputs).mean(0), atol=1e-6)), sent[0]
+
+
+def check_colocated(fn, cluster) -> str:
+    """Notebook 02, exercise 5: `fn(grad)` averages every rank's gradient with rank r the server of shard r, run on
+    the cluster's engines; right when the average is and each rank sends the ring's 2(N-1)/N·K bytes."""
+    if "..." in inspect.getsource(fn):
+        return "exercise 5: not answered yet"
+    got = cluster.view.apply_sync(_colocated_run, fn)
+    if any(isinstance(g, str) for g in got):
+        return "exercise 5: it raised on the engines: " + next(g for g in got if isinstance(g, str))
+    n, k_bytes = len(got), 1001 * 4
+    wrong = [r for r, (right, _) in enumerate(got) if not right]
+    ring = 2 * (n - 1) / n * k_bytes                          # notebook 03's ring, per rank
+    bytes_like_ring = all(abs(b - ring) <= 2 * (n - 1) * 4 for _, b in got)   # up to one float per shard
+    if wrong:
+        return f"exercise 5: wrong average on ranks {wrong}"
+    if not bytes_like_ring:
+        return "exercise 5: the average is right, but the bytes sent are not 2(N-1)/N·K: " + str([b for _, b in got])
+    return ("exercise 5: correct, and each rank sent " + ", ".join(str(b) for _, b in got) +
+            f" bytes: the ring's 2(N-1)/N·K = {ring:.0f}")
