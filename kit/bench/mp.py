@@ -5,9 +5,9 @@ results/mp_placement.png, docs/benchmarks/mp.md."""
 from __future__ import annotations
 
 SETTINGS = {
-    "tiny": dict(ps=(2,), ms=(1, 2), reps=1, tf=0.002, tb=0.004, lab_reps=0),
-    "quick": dict(ps=(2, 3, 4), ms=(1, 4, 16), reps=2, tf=0.03, tb=0.06, lab_reps=3),
-    "full": dict(ps=(2, 3, 4), ms=(1, 2, 4, 8, 16), reps=5, tf=0.03, tb=0.06, lab_reps=8),
+    "tiny": dict(ps=(2,), ms=(1, 2), reps=1, tf=0.002, tb=0.004, lab_reps=0, lab_ms=()),
+    "quick": dict(ps=(2, 3, 4), ms=(1, 4, 16), reps=2, tf=0.03, tb=0.06, lab_reps=3, lab_ms=(4,)),
+    "full": dict(ps=(2, 3, 4), ms=(1, 2, 4, 8, 16), reps=5, tf=0.03, tb=0.06, lab_reps=8, lab_ms=(4, 16)),
 }
 TP = dict(d=64, hidden=256, batch=32)
 TP_ODD = dict(d=30, hidden=77, batch=9)
@@ -34,11 +34,12 @@ def engines_part(s: dict, n: int = 4) -> dict:
             "torch_pp": torch_pp, "timeline_key": [p, m]}
 
 
-def lab_part(reps: int) -> dict | None:
-    """The placement on 2 lab hosts x 2 engines at 1 Gbit/s (None without root)."""
+def lab_part(s: dict) -> dict | None:
+    """The placement on 2 lab hosts x 2 engines at 1 Gbit/s, then both schedules' bubble there, p = 2 (both stages
+    on h1) and 4 (stages 0, 1 on h1, 2, 3 on h2) (None without root)."""
     from kit import cluster as kc, netlab
     from kit.bench import say
-    from kit.mp import lab as mplab
+    from kit.mp import experiment as ex, lab as mplab
     if netlab.why_not():
         say(f"mp: no lab ({netlab.why_not()}): the placement is not run")
         return None
@@ -46,7 +47,13 @@ def lab_part(reps: int) -> dict | None:
     with netlab.start(hosts=2, rate="1gbit") as lab:
         with kc.start(n=4, backend="gloo", hosts=lab, quiet=True) as c:
             c.init_process_group()
-            return mplab.placement(c, cfg={"reps": reps}, rate="1gbit")
+            out = mplab.placement(c, cfg={"reps": s["lab_reps"]}, rate="1gbit")
+            if s["lab_ms"]:
+                say(f"mp: the bubble on the lab, p in (2, 4), m in {s['lab_ms']}")
+                out["sweep"] = ex.sweep(c, ps=(2, 4), ms=s["lab_ms"], cfg={"reps": s["reps"], "tf": s["tf"],
+                                                                            "tb": s["tb"]})
+                out["sweep"]["timelines"] = {}               # the engines' sweep keeps the timelines drawn
+            return out
 
 
 def levers() -> dict:
@@ -66,7 +73,7 @@ def bench(out_dir, quick: bool = False, tiny: bool = False):
     """Run notebook 06's experiments with the benchmark's settings; save the figures; return (result, summary)."""
     s = SETTINGS["tiny" if tiny else "quick" if quick else "full"]
     x = engines_part(s)
-    x["placement"] = lab_part(s["lab_reps"]) if s["lab_reps"] else None
+    x["placement"] = lab_part(s) if s["lab_reps"] else None
     if x["placement"] is None:
         from kit import netlab
         x["placement_note"] = "a tiny run has none" if not s["lab_reps"] else f"no lab here: {netlab.why_not()}"
@@ -100,6 +107,7 @@ def summary(x: dict) -> str:
     """The one-line summary: the run's key numbers, then each lesson's verdict (kit.mp.lessons, kit.checks)."""
     from kit import checks
     from kit.mp import lessons
+    from kit.mp.experiment import summarize as ex_summary
     s, lv = x["summary_checks"], x["levers"]
     worst = f"{100 * s['bubble_worst']:.0f}%" if s["bubble_worst"] is not None else "n/a"
     out = (f"mp: {x['n']} gloo engines; TP MLP {x['tp']['allreduces']} allreduces handing {x['tp']['handed']:,} B per "
@@ -112,6 +120,9 @@ def summary(x: dict) -> str:
         out += (f"; 2 hosts x 2 engines at 1gbit: TP across {b['step_ms']:.0f} ms vs TP inside {a['step_ms']:.0f} ms "
                 f"per step (difference {pl['delta_ms']:.0f} ms, model {pl['model_delta_ms']:.0f}), NIC bytes per host "
                 f"{b['nic_tx'] / 1e6:.2f} vs {a['nic_tx'] / 1e6:.2f} MB")
+        if pl.get("sweep"):
+            lab_s = ex_summary(pl["sweep"])
+            out += f", bubble there at worst {100 * lab_s['bubble_worst']:.0f}% over {lab_s['n_fits']} settings"
     else:
         out += f"; placement on the lab: not run ({x.get('placement_note', 'needs root')})"
     out += (f"; checkpointing {lv['checkpoint']['activations'] / lv['plain']['activations']:.2f}x the activations "
@@ -160,7 +171,9 @@ def blocks(x: dict) -> list[str]:
             lo, hi = r["step_ms_range"]
             prow.append(f"| {r['label']} | {r['step_ms']:.1f} ({lo:.1f}–{hi:.1f}) | {r['model_step_ms']:.1f} | "
                         f"{r['nic_tx']:,.0f} | {r['model_tx']:,} |")
-        out.append("\n".join(prow) + "\n\n" + checks.markdown(claims(pl)))
+        from kit.mp.lessons import bubble_check
+        lab_bubble = [bubble_check(pl["sweep"], name="bubble, on the lab")] if pl.get("sweep") else []
+        out.append("\n".join(prow) + "\n\n" + checks.markdown(claims(pl) + lab_bubble))
     else:
         out.append(f"Not run: {x.get('placement_note', 'the placement needs root (kit.netlab)')}.")
     lv = x["levers"]

@@ -67,18 +67,18 @@ def worst_fit(sweep: dict) -> dict | None:
     return max(fits, key=lambda r: abs(r["bubble"] - r["model"]) / r["model"]) if fits else None
 
 
-def bubble_check(sweep: dict, tol: float = 0.15) -> Check:
+def bubble_check(sweep: dict, tol: float = 0.15, name: str = "bubble") -> Check:
     """For m >= p, the measured bubble is within `tol` (relative) of (p−1)/(m+p−1)."""
     w = worst_fit(sweep)
     if w is None:
-        return Check("bubble", measured="no setting with m ≥ p in this sweep", bound="(p−1)/(m+p−1)", held=False,
+        return Check(name, measured="no setting with m ≥ p in this sweep", bound="(p−1)/(m+p−1)", held=False,
                      reason="the sweep had no m ≥ p: run it with more micro-batches")
     n = sum(1 for r in sweep["rows"] if r["m"] >= r["p"])
     err = abs(w["bubble"] - w["model"]) / w["model"]
     lo, hi = w["bubble_range"]
     held = err <= tol
     return Check(
-        "bubble", measured=f"at worst {100 * err:.0f}% from the formula over {n} settings with m ≥ p (p = {w['p']}, "
+        name, measured=f"at worst {100 * err:.0f}% from the formula over {n} settings with m ≥ p (p = {w['p']}, "
                            f"m = {w['m']}, {w['schedule']}: {w['bubble']:.3f} measured, range {lo:.3f}–{hi:.3f}, "
                            f"against {w['model']:.3f})",
         bound=f"within {100 * tol:.0f}% of (p−1)/(m+p−1)", held=held,
@@ -173,4 +173,6 @@ def bench_checks(x: dict) -> list[Check]:
     out += [bubble_check(sweep), *memory_checks(sweep, p, big), torch_check(x["torch_pp"])]
     if x.get("placement"):
         out += placement_checks(x["placement"])
+        if x["placement"].get("sweep"):
+            out.append(bubble_check(x["placement"]["sweep"], name="bubble, on the lab"))
     return out + lever_checks(lv["plain"], lv["checkpoint"], lv["bf16"], lv["loss_fp32"], lv["loss_bf16"])
