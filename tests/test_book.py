@@ -141,12 +141,14 @@ JS_PAGE = """const done = arguments[arguments.length - 1];
     nav: all('nav.bd-docs-nav a[href], article.bd-article .toctree-wrapper a[href]').map(a => a.href),
     ids: all('[id]').map(e => e.id).concat(all('a[name]').map(a => a.name)),
     loaded: performance.getEntriesByType('resource').map(r => r.name),
-    // a page the browser got only part of (seen once under load: 3 of a notebook's 5 figures) holds fewer <img>
-    // than the file the server sends: visit() loads it again
+    // a page the browser got only part of (seen under load: 3 of a notebook's 5 figures; once none of 3 and its
+    // last 6 sections) holds fewer <img> and <section> than the file the server sends: visit() loads it again.
+    // A fetch that fails cannot tell: the page is loaded again too.
     whole: await (async () => { try {
       const text = await (await fetch(location.href, {cache: 'no-store'})).text();
-      return (text.match(/<img /g) || []).length <= document.querySelectorAll('img').length;
-    } catch (e) { return true; } })(),
+      const count = (re, sel) => (text.match(re) || []).length <= document.querySelectorAll(sel).length;
+      return count(/<img /g, 'img') && count(/<section /g, 'section');
+    } catch (e) { return false; } })(),
   };
 })().then(done, e => done({error: String(e)}));"""
 
@@ -167,7 +169,7 @@ def open_browser(chromium, driver, tmp):
     return browser
 
 
-def visit(browser, url: str, attempts: int = 3) -> dict:
+def visit(browser, url: str, attempts: int = 4) -> dict:
     """Open url and read it (JS_PAGE). Seen once in ~200 loads on the loaded 2-core machine, not reproduced since:
     a page read with no article in it; such a page is loaded again, with what was on screen printed, as a reader
     would reload it. A page that never shows its article still fails, in the test that needs it."""
@@ -177,6 +179,7 @@ def visit(browser, url: str, attempts: int = 3) -> dict:
         assert "error" not in got, f"{url}: {got.get('error')}"
         if (got["article"] or url.endswith(("/genindex.html", "/search.html"))) and got["whole"]:
             break
+        time.sleep(2 * attempt)                      # a loaded machine: give it a moment before the next load
         print(f"\n{url}, load {attempt}: {'part of the page' if got['article'] else 'no article'}; at "
               f"{browser.current_url!r}, titled {got['title']!r}: "
               f"{browser.execute_script('return document.documentElement.outerHTML.slice(0, 500)')!r}")

@@ -118,7 +118,7 @@ def test_the_memory_check_fails_when_a_sharded_schemes_peak_exceeds_one_nth():
 def test_zero1s_memory_check_fails_when_its_step_holds_a_full_flat_copy():
     x = _ddp_run()
     zero = next(r for r in x["rows"] if r["scheme"] == "zero")
-    zero["peak"]["temporary"] = x["K"]                     # ZeroSGD.step's flat gradient beside .grad
+    zero["peak"]["temporary"] = x["K"]                     # a step that copies the whole gradient beside .grad
     zero["peak"]["total"] += x["K"]
     assert "the temporaries 1.00× K" in _failed(_one(memory.memory_checks(x), "ZeRO-1 memory"))
 

@@ -151,14 +151,16 @@ def _record(name: str, full_bytes: int):
 
 
 class ZeroSGD:
-    """SGD with momentum, ZeRO-1 style (the optimizer state sharded), on the two phases of notebook 03's ring
+    """SGD with momentum, ZeRO-1 (the optimizer state sharded), on the two phases of notebook 03's ring
     (kit.comm.ring): scatter-reduce the flat gradient (padded to a multiple of N), after which rank r holds the
     summed chunk (r + 1) % N; keep momentum for that shard alone and update that shard of the parameters; allgather
-    the shards into every rank's full copy. Per rank: full parameters, the full gradient while backward runs (and a
-    full flat copy of it while the step reduces it), 1/N of the optimizer state: ZeRO-1, not ZeRO-2, which would
-    reduce-scatter bucket by bucket during backward and keep only its 1/N of the gradient (PeakMeter measures the
-    difference). On the wire, (N-1)/N·K per phase: an allreduce's bytes. (torch.distributed's reduce-scatter on
-    Gloo is an allreduce with the rest thrown away, twice the bytes: pytorch/pytorch#118911.)"""
+    the shards into every rank's full copy. The parameters and their gradients live in two flat buffers from the
+    start (each parameter and each `.grad` a view into them, as DeepSpeed keeps them), so both ring phases run in
+    place, with no copy: per rank the full parameters, the full gradient, 1/N of the optimizer state, ZeRO-1's
+    (2 + 1/N)·K. ZeRO-2 would reduce-scatter bucket by bucket during backward and keep only its 1/N of the gradient
+    (PeakMeter measures the difference). `step()` and `zero_grad()` zero the gradient buffer in place (never freed). On
+    the wire, (N-1)/N·K per phase: an allreduce's bytes. (torch.distributed's reduce-scatter on Gloo is an allreduce
+    with the rest thrown away, twice the bytes: pytorch/pytorch#118911.)"""
 
     def __init__(self, params, lr: float, momentum: float = 0.0, piece_bytes: int = 4 * 2**20):
         import torch
@@ -170,46 +172,47 @@ class ZeroSGD:
         self.numel = sum(p.numel() for p in self.params)
         self.shard = math.ceil(self.numel / self.world)                  # elements this rank owns
         self.lo = (self.rank + 1) % self.world * self.shard              # ... the chunk the ring leaves it with
-        self.momentum = torch.zeros(self.shard, dtype=self.params[0].dtype)
-        self.grad_shard = torch.zeros_like(self.momentum)
+        dtype = self.params[0].dtype
+        self.flat_param = torch.zeros(self.shard * self.world, dtype=dtype)   # padded: N equal shards
+        self.flat_grad = torch.zeros_like(self.flat_param)
+        with torch.no_grad():
+            for p, view, grad in zip(self.params, self._views(self.flat_param), self._views(self.flat_grad)):
+                view.copy_(p)
+                p.data = view                                            # the parameter now lives in the buffer
+                p.grad = grad                                            # backward accumulates into the buffer
+        self.momentum = torch.zeros(self.shard, dtype=dtype)
         self.state = {"shard": {"momentum_buffer": self.momentum}}       # what torch's optimizers call state
         self.link, self.piece = Link(f"rank {self.rank}"), max(1, piece_bytes // self.momentum.element_size())
-        self.meter = None                                                # a PeakMeter sees the step's flat buffers
+        self.meter = None                                                # a PeakMeter sees the step's buffers
 
-    def _flat(self, tensors):
-        import torch
-        flat = torch.zeros(self.shard * self.world, dtype=self.momentum.dtype)   # padded: N equal shards
-        torch.cat([t.reshape(-1) for t in tensors], out=flat[:self.numel])
-        return flat
+    def _views(self, flat):
+        """Each parameter's view of `flat`, in order, shaped like the parameter."""
+        return [piece.view_as(p) for p, piece in
+                zip(self.params, flat[:self.numel].split([p.numel() for p in self.params]))]
 
     def zero_grad(self):
-        for p in self.params:
-            p.grad = None
+        self.flat_grad.zero_()
+        for p, grad in zip(self.params, self._views(self.flat_grad)):
+            if p.grad is None or p.grad.data_ptr() != grad.data_ptr():
+                p.grad = grad                                            # set to None or replaced elsewhere
 
     def step(self):
-        import torch
         from kit.comm.ring import allgather, scatter_reduce
         mine = slice(self.lo, self.lo + self.shard)
-        grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         if self.meter:
-            self.meter.probe(grads)                                      # .grad and its flat copy, both alive
+            self.meter.probe()                                           # the full gradient, before the ring
         if self.world > 1:
-            scatter_reduce(grads, self.rank, self.world, self.link, self.piece)   # ZeRO: ring phase 1, my shard summed
-        _record("reduce_scatter", grads.numel() * grads.element_size())
-        torch.div(grads[mine], self.world, out=self.grad_shard)          # the mean over N ranks
-        del grads                                                        # the rest of the sum is not kept
-        self.momentum.mul_(self.mu).add_(self.grad_shard)                # torch.optim.SGD's momentum rule
-        full = self._flat([p.detach() for p in self.params])
+            scatter_reduce(self.flat_grad, self.rank, self.world, self.link, self.piece)  # ZeRO: phase 1, my shard
+        _record("reduce_scatter", self.flat_grad.numel() * self.flat_grad.element_size())
+        grad = self.flat_grad[mine].div_(self.world)                     # the mean over N ranks, in place
+        self.momentum.mul_(self.mu).add_(grad)                           # torch.optim.SGD's momentum rule
+        self.flat_param[mine].add_(self.momentum, alpha=-self.lr)        # update my shard only
+        if self.world > 1:
+            allgather(self.flat_param, self.rank, self.world, self.link, self.piece)  # ZeRO: phase 2, all shards
+        _record("all_gather", self.flat_param.numel() * self.flat_param.element_size())
         if self.meter:
-            self.meter.probe(full)
-        full[mine].add_(self.momentum, alpha=-self.lr)                   # update my shard only
-        if self.world > 1:
-            allgather(full, self.rank, self.world, self.link, self.piece)    # ZeRO: ring phase 2, every shard to all
-        _record("all_gather", full.numel() * full.element_size())
-        with torch.no_grad():
-            for p, piece in zip(self.params, full[:self.numel].split([p.numel() for p in self.params])):
-                p.copy_(piece.view_as(p))
-        self.zero_grad()                                                 # the full gradient is not kept
+            self.meter.probe()
+        self.flat_grad.zero_()             # the reduce-scatter left partial sums there: not a gradient to keep
 
 
 # ----------------------------------------------------------------------------- what each rank holds and sends
@@ -224,13 +227,12 @@ def nbytes(tensors) -> int:
 
 
 def held_bytes(model, optimizer) -> dict:
-    """Return the bytes this rank holds of parameters, gradients (.grad, or a ZeroSGD's shard) and optimizer
-    state (every tensor in optimizer.state), measured from the tensors themselves."""
+    """Return the bytes this rank holds of parameters, gradients (.grad) and optimizer state (every tensor in
+    optimizer.state), measured from the tensors themselves (a view counts its own elements)."""
     import torch
     params = list(model.parameters())
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
-    return {"params": nbytes(params), "grads": nbytes([p.grad for p in params]) +
-            nbytes([getattr(optimizer, "grad_shard", None)]), "optimizer": nbytes(state)}
+    return {"params": nbytes(params), "grads": nbytes([p.grad for p in params]), "optimizer": nbytes(state)}
 
 
 class PeakMeter:
