@@ -164,16 +164,14 @@ def blocks(x: dict) -> list[str]:
     pl = x.get("placement")
     if pl:
         from kit import checks
-        from kit.mp.lab import claims
+        from kit.mp.lessons import lab_checks
         prow = ["| placement | step ms (range) | model step ms | bytes sent per host NIC | model |",
                 "|---|---|---|---|---|"]
         for r in pl["rows"]:
             lo, hi = r["step_ms_range"]
             prow.append(f"| {r['label']} | {r['step_ms']:.1f} ({lo:.1f}–{hi:.1f}) | {r['model_step_ms']:.1f} | "
                         f"{r['nic_tx']:,.0f} | {r['model_tx']:,} |")
-        from kit.mp.lessons import bubble_check
-        lab_bubble = [bubble_check(pl["sweep"], name="bubble, on the lab")] if pl.get("sweep") else []
-        out.append("\n".join(prow) + "\n\n" + checks.markdown(claims(pl) + lab_bubble))
+        out.append("\n".join(prow) + "\n\n" + checks.markdown(lab_checks(pl)))
     else:
         out.append(f"Not run: {x.get('placement_note', 'the placement needs root (kit.netlab)')}.")
     lv = x["levers"]

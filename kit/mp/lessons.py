@@ -134,11 +134,12 @@ def hybrid_checks(dpp: dict[str, dict]) -> list[Check]:
     return out
 
 
-def placement_checks(place: dict) -> list[Check]:
-    """The placement on the two-level lab (kit.mp.lab.placement): NIC bytes against the model, TP across the slow
-    link slower than PP across it by the model's amount, the same loss either way."""
+def lab_checks(place: dict) -> list[Check]:
+    """The lab run's lessons (kit.mp.lab.placement, with the bubble swept there when it was): NIC bytes against the
+    model, TP across the slow link slower than PP across it by the model's amount, the same loss either way, and
+    the bubble with stages on two hosts."""
     from kit.mp.lab import claims
-    return claims(place)
+    return claims(place) + ([bubble_check(place["sweep"], name="bubble, on the lab")] if place.get("sweep") else [])
 
 
 def lever_checks(plain: dict, ckpt: dict, bf16: dict, loss32: float, loss16: float) -> list[Check]:
@@ -172,7 +173,5 @@ def bench_checks(x: dict) -> list[Check]:
         held=g["ok"], reason="" if g["ok"] else f"the largest difference per stage was {g['errs']}")]
     out += [bubble_check(sweep), *memory_checks(sweep, p, big), torch_check(x["torch_pp"])]
     if x.get("placement"):
-        out += placement_checks(x["placement"])
-        if x["placement"].get("sweep"):
-            out.append(bubble_check(x["placement"]["sweep"], name="bubble, on the lab"))
+        out += lab_checks(x["placement"])
     return out + lever_checks(lv["plain"], lv["checkpoint"], lv["bf16"], lv["loss_fp32"], lv["loss_bf16"])
