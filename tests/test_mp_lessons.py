@@ -7,6 +7,7 @@ from pathlib import Path
 from kit import checks
 from kit.bench import mp as bench_mp
 from kit.mp import lab as mplab, lessons, model, pipeline as pp
+from kit.netlab.counters import HEADER_BYTES, MSS, payload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,9 +69,20 @@ def test_the_levers_and_the_placement_checks_can_fail():
     bad = lessons.lever_checks(plain, {"activations": 1000, "ms": 12.0}, {"activations": 1000, "ms": 11.0}, 1.0, 1.0)
     assert not any(c.held for c in bad) and "did not save" in bad[0].reason
     x = json.loads((REPO / "results" / "mp.json").read_text())["placement"]
-    x["rows"] = [{**r, "nic_tx": r["model_tx"] * 0.9} for r in x["rows"]]     # 10% short of the model
+    x["rows"] = [{**r, "nic_payload": r["model_tx"] * 0.9} for r in x["rows"]]     # 10% short of the model
     assert [c.held for c in mplab.claims(x)][:2] == [False, False]
     assert "less than the model" in mplab.claims(x)[0].reason
+    x["rows"] = [{**r, "nic_payload": r["model_tx"] * 1.05} for r in x["rows"]]    # 5% over it
+    assert [c.held for c in mplab.claims(x)][:2] == [False, False]
+    assert "beside the job" in mplab.claims(x)[1].reason
+    resent = [{**r, "nic_retrans": 0.05 * r["model_tx"] / MSS} for r in x["rows"]]   # the 5% were segments resent
+    assert [c.held for c in mplab.claims({**x, "rows": resent})][:2] == [True, True]
+
+
+def test_the_nic_payload_is_its_bytes_less_each_packets_headers():
+    assert HEADER_BYTES == 66                                  # Ethernet 14 + IPv4 20 + TCP 20 + timestamps 12
+    assert payload(1_000_000, 100) == 1_000_000 - 6_600
+    assert payload(66 * 50, 50) == 0                           # pure ACKs carry no payload
 
 
 def test_the_benchmark_summary_carries_every_check_of_its_run():
