@@ -22,69 +22,86 @@ def bench(out_dir: Path, quick: bool, tiny: bool = False) -> tuple[dict, str]:
     quick: one pair per launcher (Gloo, MPI), a short training. tiny (the test suite's smoke run): the Gloo pair
     only, and the timeline recorded during the 2-worker training instead of a run of its own (5 launches, not 8)."""
     quick = quick or tiny
-    repeats, steps = (1, 10) if quick else (5, 60)
-    names = ["pinned"] if quick else list(script.SETTINGS)      # quick: a smoke run of every step, one pair each
-    throughput = {name: script.paired_throughput(script.SETTINGS[name], repeats, steps) for name in names}
-    if not tiny:
-        throughput["pinned_mpi"] = script.paired_throughput(script.SETTINGS["pinned"], repeats if quick else 3, steps,
-                                                           launcher="mpi")
-    if not quick:      # what MPI_ENV's yield-when-idle buys: the same pairs with Open MPI's default busy-polling
-        throughput["pinned_mpi_busy_poll"] = script.paired_throughput(
-            script.SETTINGS["pinned"], 3, steps, launcher="mpi", env={"OMPI_MCA_mpi_yield_when_idle": "0"})
+    throughput = _throughput(quick, tiny)
     timeline_file, timeline_env = Path(out_dir) / "mnist_timeline.json", {}
     if tiny:
         timeline_env = {"HOROVOD_TIMELINE": str(timeline_file)}
     else:
         script.run_script(2, ["--synthetic-steps", "10" if quick else "20", *script.SETTINGS["pinned"]],
-                         env={"HOROVOD_TIMELINE": str(timeline_file)})
+                          env={"HOROVOD_TIMELINE": str(timeline_file)})
+    result = {"throughput": throughput, **_accuracy(quick, timeline_env)}
+    intervals = timeline.read_timeline(timeline_file)
+    timeline_file.unlink()
+    _bench_figures(result, intervals, Path(out_dir))
+    return result, _summary(result, quick)
+
+
+def _throughput(quick: bool, tiny: bool) -> dict:
+    """1- vs 2-worker pairs: every thread setting (quick: the pinned one), with Gloo, then MPI (not tiny), then MPI
+    busy-polling (not quick)."""
+    repeats, steps = (1, 10) if quick else (5, 60)
+    names = ["pinned"] if quick else list(script.SETTINGS)      # quick: a smoke run of every step, one pair each
+    throughput = {name: script.paired_throughput(script.SETTINGS[name], repeats, steps) for name in names}
+    if not tiny:
+        throughput["pinned_mpi"] = script.paired_throughput(script.SETTINGS["pinned"], repeats if quick else 3, steps,
+                                                            launcher="mpi")
+    if not quick:      # what MPI_ENV's yield-when-idle buys: the same pairs with Open MPI's default busy-polling
+        throughput["pinned_mpi_busy_poll"] = script.paired_throughput(
+            script.SETTINGS["pinned"], 3, steps, launcher="mpi", env={"OMPI_MCA_mpi_yield_when_idle": "0"})
+    return throughput
+
+
+def _accuracy(quick: bool, timeline_env: dict) -> dict:
+    """2 workers against 1 process, one run per seed, and the control (1 process trained as the 2 workers are);
+    LONG times the epochs too (not quick). The first 2-worker run gets `timeline_env`."""
     data = (["--dataset", "digits", "--epochs", "1", "--train-samples", "512"] if quick else
             ["--dataset", "auto", "--train-samples", str(model.SUBSET[0]), "--test-samples", str(model.SUBSET[1])])
     seeds = model.SEEDS[:1] if quick else model.SEEDS        # the accuracy's spread: one run per seed
     dists = [script.run_script(2, [*data, "--seed", str(s), *script.SETTINGS["pinned"]],
-                              env=timeline_env if s == seeds[0] else None) for s in seeds]
-    singles = [script.run_script(1, [*data, "--seed", str(s), "--epochs", str(dists[0]["epochs"]), "--threads", "2"])
-               for s in seeds]
+                               env=timeline_env if s == seeds[0] else None) for s in seeds]
+    epochs = ["--epochs", str(dists[0]["epochs"])]
+    singles = [script.run_script(1, [*data, "--seed", str(s), *epochs, "--threads", "2"]) for s in seeds]
     # The control: one process trained as the 2 workers are (2x the batch and rate, their warmup): is a gap the
     # larger batch's or the distribution's?
-    controls = [script.run_script(1, [*data, "--seed", str(s), "--epochs", str(dists[0]["epochs"]), "--threads", "2",
-                                     "--as-workers", "2"]) for s in seeds]
+    controls = [script.run_script(1, [*data, "--seed", str(s), *epochs, "--threads", "2", "--as-workers", "2"])
+                for s in seeds]
     dist, single = dists[0], singles[0]
     long = None
     if LONG and not quick:
-        epochs = ["--epochs", str(LONG * dist["epochs"])]
+        more = ["--epochs", str(LONG * dist["epochs"])]
         long = {"epochs": LONG * dist["epochs"],
-                "2_workers": [script.run_script(2, [*data, *epochs, "--seed", str(s), *script.SETTINGS["pinned"]])
+                "2_workers": [script.run_script(2, [*data, *more, "--seed", str(s), *script.SETTINGS["pinned"]])
                               ["test_accuracy"] for s in seeds],
-                "1_process": [script.run_script(1, [*data, *epochs, "--seed", str(s), "--threads", "2"])
+                "1_process": [script.run_script(1, [*data, *more, "--seed", str(s), "--threads", "2"])
                               ["test_accuracy"] for s in seeds]}
-    result = {"dataset": dist["dataset"], "epochs": dist["epochs"], "schedule": model.SCHEDULE,
-              "throughput": throughput,
-              "subset": None if quick else list(model.SUBSET), "seeds": list(seeds),
-              "accuracy": {"2_workers": dist["test_accuracy"], "1_process": single["test_accuracy"]},
-              "accuracy_seeds": {"2_workers": [r["test_accuracy"] for r in dists],
-                                 "1_process": [r["test_accuracy"] for r in singles],
-                                 CONTROL: [r["test_accuracy"] for r in controls]},
-              "accuracy_long": long,
-              "history": {"2_workers": dist["history"], "1_process": single["history"]},
-              "replicas_identical": all(r["replicas_identical"] for r in dists)}
-    intervals = timeline.read_timeline(timeline_file)
-    timeline_file.unlink()
-    _bench_figures(result, intervals, Path(out_dir))
+    return {"dataset": dist["dataset"], "epochs": dist["epochs"], "schedule": model.SCHEDULE,
+            "subset": None if quick else list(model.SUBSET), "seeds": list(seeds),
+            "accuracy": {"2_workers": dist["test_accuracy"], "1_process": single["test_accuracy"]},
+            "accuracy_seeds": {"2_workers": [r["test_accuracy"] for r in dists],
+                               "1_process": [r["test_accuracy"] for r in singles],
+                               CONTROL: [r["test_accuracy"] for r in controls]},
+            "accuracy_long": long,
+            "history": {"2_workers": dist["history"], "1_process": single["history"]},
+            "replicas_identical": all(r["replicas_identical"] for r in dists)}
+
+
+def _summary(result: dict, quick: bool) -> str:
+    """The one-line summary of a bench run: accuracy (with the control, and the long runs), then throughput."""
+    throughput, long = result["throughput"], result["accuracy_long"]
     p, d = throughput["pinned"], throughput.get("tf_defaults")
     a2, a1 = result["accuracy_seeds"]["2_workers"], result["accuracy_seeds"]["1_process"]
-    summary = (f"mnist: {dist['dataset']} test accuracy {_spread(a2)} with 2 workers vs {_spread(a1)} in 1 process "
-               f"({dist['epochs']} epochs, {len(seeds)} seed(s) each, diff of medians "
-               f"{median_gap(a2, a1):+.2f} points; 1 process as 2 workers "
-               f"{_spread(result['accuracy_seeds'][CONTROL])}"
-               + (f"; {long['epochs']} epochs: {_spread(long['2_workers'])} vs {_spread(long['1_process'])}, "
-                  f"{median_gap(long['2_workers'], long['1_process']):+.2f} points"
-                  if long else "") + "); throughput 2 workers "
-               f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
-               f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "
-               + (f"TF defaults: {d['speedup']:.2f}x; " if d else "")
-               + (f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x" if "pinned_mpi" in throughput else "no MPI pair")
-               + (f", busy-polling: {throughput['pinned_mpi_busy_poll']['speedup']:.2f}x" if not quick else "") + ")")
-    return result, summary
+    return (f"mnist: {result['dataset']} test accuracy {_spread(a2)} with 2 workers vs {_spread(a1)} in 1 process "
+            f"({result['epochs']} epochs, {len(result['seeds'])} seed(s) each, diff of medians "
+            f"{median_gap(a2, a1):+.2f} points; 1 process as 2 workers "
+            f"{_spread(result['accuracy_seeds'][CONTROL])}"
+            + (f"; {long['epochs']} epochs: {_spread(long['2_workers'])} vs {_spread(long['1_process'])}, "
+               f"{median_gap(long['2_workers'], long['1_process']):+.2f} points"
+               if long else "") + "); throughput 2 workers "
+            f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
+            f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "
+            + (f"TF defaults: {d['speedup']:.2f}x; " if d else "")
+            + (f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x" if "pinned_mpi" in throughput else "no MPI pair")
+            + (f", busy-polling: {throughput['pinned_mpi_busy_poll']['speedup']:.2f}x" if not quick else "") + ")")
 
 
 def _spread(accs: list[float]) -> str:

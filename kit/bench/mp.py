@@ -30,8 +30,8 @@ def engines_part(s: dict, n: int = 4) -> dict:
         torch_pp = ex.torch_side_by_side(c, p=2, m=4, cfg={"reps": max(2, s["reps"]), "tf": s["tf"], "tb": s["tb"]})
     p, m = max(s["ps"]), max(x for x in s["ms"] if x <= 8)
     sweep["timelines"] = {k: v for k, v in sweep["timelines"].items() if k.endswith(f":{p}:{m}")}
-    return {"n": n, "tp": tp, "tp_odd": odd, "grads": grads, "sweep": sweep, "summary_checks": ex.summarize(sweep),
-            "torch_pp": torch_pp, "timeline_key": [p, m]}
+    return {"n": n, "tp": tp, "tp_odd": odd, "grads": grads, "sweep": sweep, "torch_pp": torch_pp,
+            "timeline_key": [p, m]}
 
 
 def lab_part(s: dict) -> dict | None:
@@ -107,12 +107,12 @@ def summary(x: dict) -> str:
     """The one-line summary: the run's key numbers, then each lesson's verdict (kit.mp.lessons, kit.checks)."""
     from kit import checks
     from kit.mp import lessons
-    from kit.mp.experiment import summarize as ex_summary
-    s, lv = x["summary_checks"], x["levers"]
-    worst = f"{100 * s['bubble_worst']:.0f}%" if s["bubble_worst"] is not None else "n/a"
+    lv = x["levers"]
+    pct = lambda err: "n/a" if err is None else f"{100 * err:.0f}%"   # noqa: E731
+    err, n_fits = lessons.fit_error(x["sweep"])
     out = (f"mp: {x['n']} gloo engines; TP MLP {x['tp']['allreduces']} allreduces handing {x['tp']['handed']:,} B per "
-           f"block-step (model {x['tp']['model_handed']:,}); bubble at worst {worst} from (p-1)/(m+p-1) over "
-           f"{s['n_fits']} settings with m >= p")
+           f"block-step (model {x['tp']['model_handed']:,}); bubble at worst {pct(err)} from (p-1)/(m+p-1) over "
+           f"{n_fits} settings with m >= p")
     pl = x.get("placement")
     if pl:
         rows = {r["placement"]: r for r in pl["rows"]}
@@ -121,8 +121,8 @@ def summary(x: dict) -> str:
                 f"per step (difference {pl['delta_ms']:.0f} ms, model {pl['model_delta_ms']:.0f}), NIC bytes per host "
                 f"{b['nic_tx'] / 1e6:.2f} vs {a['nic_tx'] / 1e6:.2f} MB")
         if pl.get("sweep"):
-            lab_s = ex_summary(pl["sweep"])
-            out += f", bubble there at worst {100 * lab_s['bubble_worst']:.0f}% over {lab_s['n_fits']} settings"
+            err, n_fits = lessons.fit_error(pl["sweep"])
+            out += f", bubble there at worst {pct(err)} over {n_fits} settings"
     else:
         out += f"; placement on the lab: not run ({x.get('placement_note', 'needs root')})"
     out += (f"; checkpointing {lv['checkpoint']['activations'] / lv['plain']['activations']:.2f}x the activations "

@@ -6,7 +6,10 @@ computes the right answer here, so no visible cell of the notebook holds it.
     check_k_star(k, alpha, B, K, compute_s, o, n=64)            # notebook 02, exercise 3
     check_async_counts(updates, per_worker, samples, run)       # notebook 02, exercise 4
     check_colocated(fn, cluster)                                # notebook 02, exercise 5 (on the engines)
+    check_ring_bytes(answer, N=5, K=10 * 2**20, worker=2)       # notebook 03, exercise 1
+    check_ring_steps(steps, chunk, n=8, worker=3)               # notebook 03, exercise 2
     check_ring_vs_ps(gap, k_star, ps_wins, alpha, o, B, N=64)   # notebook 03, exercise 3
+    check_left_ring(ring_fn, cluster)                           # notebook 03, exercise 4 (on the engines)
 """
 from __future__ import annotations
 
@@ -14,9 +17,66 @@ import inspect
 
 import numpy as np
 
+from kit.comm import ring_sim
 from kit.comm.costmodel import crossover_bytes, t_comm_ps, t_comm_ring
 
 GRID = np.array([0, 4, 1 << 10, 4 << 10, 64 << 10, 1 << 20, 64 << 20, 1 << 30], dtype=float)
+
+
+def check_ring_bytes(answer, N: int = 5, K: int = 10 * 2**20, worker: int = 2) -> str:
+    """Notebook 03, exercise 1: the bytes `worker` sends in one ring allreduce of K bytes over N workers, counted
+    from the schedule itself (float32 chunks, ring_sim)."""
+    if answer is None:
+        return "exercise 1: not answered yet"
+    bounds = ring_sim.chunk_bounds(K // 4, N)
+    sent = sum(4 * (bounds[c][1] - bounds[c][0]) for phase in ("scatter_reduce", "allgather")
+               for c in (ring_sim.send_chunk(worker, s, N, phase) for s in range(N - 1)))
+    return "exercise 1: correct" if answer == sent else "exercise 1: wrong (count its chunks, and their size)"
+
+
+def check_ring_steps(steps, chunk, n: int = 8, worker: int = 3) -> str:
+    """Notebook 03, exercise 2: the ring's steps for n workers, and the chunk `worker` owns after scatter-reduce,
+    read from a simulation."""
+    if steps is None or chunk is None:
+        return "exercise 2: not answered yet"
+    _, st = ring_sim.simulate([np.ones(2 * n) * r for r in range(n)])
+    right_steps = steps == len(st) - 1
+    right_chunk = chunk == int(np.flatnonzero(st[n - 1].contributions[worker] == n)[0])
+    return ("exercise 2: correct" if right_steps and right_chunk else
+            f"exercise 2: steps {'right' if right_steps else 'wrong'}, chunk {'right' if right_chunk else 'wrong'}")
+
+
+def _left_ring_run(fn):
+    """On every engine: `fn` on this rank's seeded input; return (the sum right?, sent only to the left?) or the
+    error. Equal chunks, so a wrong index gives a wrong sum, never a hang."""
+    import numpy as np
+    import torch.distributed as dist
+    rank, n = dist.get_rank(), dist.get_world_size()
+    inputs = [np.random.default_rng([4, r]).standard_normal(1000 * n) for r in range(n)]
+    sent_to, isend = set(), dist.isend
+    dist.isend = lambda tensor, dst, *a, **kw: sent_to.add(dst) or isend(tensor, dst, *a, **kw)
+    try:
+        out = fn(inputs[rank])
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        dist.isend = isend
+    return bool(np.allclose(out, np.sum(inputs, axis=0))), sent_to == {(rank - 1) % n}
+
+
+def check_left_ring(ring_fn, cluster) -> str:
+    """Notebook 03, exercise 4: `ring_fn(x)`, the ring sending to the left neighbour, run on the cluster's engines;
+    right when every rank ends with the sum and sent only to its left neighbour."""
+    if "..." in inspect.getsource(ring_fn):
+        return "exercise 4: not answered yet"
+    got = cluster.view.apply_sync(_left_ring_run, ring_fn)
+    if any(isinstance(g, str) for g in got):
+        return "exercise 4: it raised on the engines: " + next(g for g in got if isinstance(g, str))
+    wrong = [r for r, (right_sum, _) in enumerate(got) if not right_sum]
+    not_left = [r for r, (_, only_left) in enumerate(got) if not only_left]
+    return ("exercise 4: correct" if not wrong and not not_left else
+            f"exercise 4: wrong sum on ranks {wrong}" if wrong else
+            f"exercise 4: ranks {not_left} sent to someone other than their left neighbour")
 
 
 def check_ring_vs_ps(gap, k_star, ps_wins, alpha: float, o: float, B: float, N: int = 64) -> str:

@@ -2,6 +2,7 @@
 wrong, measured) or not answered yet, and no visible cell computes what it compares against.
 
     grade_buckets(my_calls)                    # exercise 1: allreduces per step of dp.Buckets at 512 KB (DDP's rule)
+    grade_zero2(my_held, my_sent)              # exercise 2: ZeRO-2's bytes held and sent per rank (N = 8)
     grade_hook(cluster, "MyOverlap")           # exercise 3: the learner's class, defined on the engines (%%px),
                                                # trains 3 steps; its weights against one process's SGD
 
@@ -9,6 +10,8 @@ The learner's class has dp.Overlap's interface: `cls(model)` registers its hooks
 backward and the optimizer's step, `remove()` takes the hooks off (optional).
 """
 from __future__ import annotations
+
+import hashlib
 
 from kit.comm import dp
 from kit.ddp import schemes
@@ -25,6 +28,19 @@ def grade_buckets(answer, bucket_bytes: int = 512 * 1024) -> str:
         return "exercise 1: correct"
     return ("exercise 1: wrong (walk the sizes from the last one; a bucket closes once it reaches its cap, and the "
             "first one's cap is 1 MiB)")
+
+
+def grade_zero2(held, sent, N: int = 8, params: int = 100 * 2**20) -> str:
+    """Exercise 2: the bytes one rank holds (parameters, gradients, momentum) under ZeRO-2 with SGD and momentum on
+    N ranks, and the bytes it sends per step (a reduce-scatter and an all-gather of K, by the ring). The held answer
+    is compared by its hash, so this source does not give it away."""
+    if held is None or sent is None:
+        return "exercise 2: not answered yet"
+    K = 4 * params                                      # bytes of float32
+    right_held = hashlib.sha256(str(held).encode()).hexdigest()[:16] == "7c1acb7d57185101"
+    right_sent = sent == dp.sent_per_step([("reduce_scatter_single", K), ("all_gather_single", K)], N)
+    return ("exercise 2: correct" if right_held and right_sent else
+            f"exercise 2: held {'right' if right_held else 'wrong'}, sent {'right' if right_sent else 'wrong'}")
 
 
 def _engine_class(name: str):

@@ -189,6 +189,42 @@ def run_on_lab(lab, cut: str = "h2", cut_after: int = 30, restore_after: int = 4
                          f"one of {lab.hosts[1:]}")
     folder = scratch.make("elastic")
     events, log = os.path.join(folder, "events.jsonl"), os.path.join(folder, "horovodrun.log")
+    train = ["--commit-every", str(commit_every), "--events", events, "--epochs", str(epochs),
+             "--train-samples", str(train_samples), "--batch-size", str(batch), "--dataset", dataset]
+    cmd, env = _horovodrun(lab, folder, train)
+    times = {"cut": None, "restore": None}
+    with open(log, "w") as out:
+        p = lab.launch(driver, cmd, cwd=str(REPO), env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _drive(p, lab, cut, cut_after, restore_after, events, log, timeout, times)
+        ev = read_events(events)
+        trained = DONE in Path(log).read_text(errors="replace")      # rank 0's training returned
+        if p.returncode and not trained:
+            raise ElasticError(f"the elastic job failed ({p.returncode}):\n{_tail(log)}")
+        if times["restore"] is None:
+            raise ElasticError(f"the elastic job ended before the host was cut and restored; raise epochs for a "
+                               f"longer run:\n{_tail(log)}")
+        # driver_exit: horovodrun's exit status. Not 0 only after rank 0's training had ended: < 0, the kit
+        # stopped a horovodrun that did not exit within DRIVER_GRACE; > 0, horovodrun reported a worker's exit
+        # status at shutdown (seen under load: the rejoined worker's SSH session ended with 255 as the job
+        # wound down). Either way the training and its events are complete.
+        return {"hosts": lab.hosts, "cut": cut, "rate": lab.rate, "commit_every": commit_every, "batch": batch,
+                "t0": ev[0]["t"] if ev else None, "t_cut": times["cut"], "t_restore": times["restore"],
+                "events": ev, "driver_exit": p.returncode, **summarize(ev, times["cut"], times["restore"])}
+    finally:
+        if times["cut"] and times["restore"] is None:
+            lab.restore(cut)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        if p.returncode:                      # stopped, or failed: what horovodrun started may be left on the hosts
+            lab.kill_jobs()
+        scratch.remove(folder)
+
+
+def _horovodrun(lab, folder: str, train: list[str]) -> tuple[list[str], dict]:
+    """Return elastic horovodrun's command on every lab host (1 slot each) and its environment; `train`: the
+    training script's arguments after --elastic."""
     n, specs = len(lab.hosts), [f"{h}:1" for h in lab.hosts]
     # horovodrun notices a lost host when the SSH session that runs its worker ends: keepalives end it within
     # ~6 s of silence, as on a real cluster (without them a cut link leaves the session, and the job, waiting)
@@ -201,61 +237,38 @@ def run_on_lab(lab, cut: str = "h2", cut_after: int = 30, restore_after: int = 4
            "--min-np", "1", "--max-np", str(n), "--host-discovery-script", discovery_script(folder, specs),
            "--network-interface", "eth0",     # elastic horovodrun hangs without it (FACTS: lab recipe)
            "--blacklist-cooldown-range", "1", "2",  # a host that failed may come back (its link restored)
-           sys.executable, *TRAIN, "--elastic", "--commit-every", str(commit_every), "--events", events,
-           "--epochs", str(epochs), "--train-samples", str(train_samples), "--batch-size", str(batch),
-           "--dataset", dataset]
-    t_cut = t_restore = None
-    with open(log, "w") as out:
-        p = lab.launch(driver, cmd, cwd=str(REPO), env=env,
-                       stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline, t_done = time.time() + timeout, None
-        while p.poll() is None and time.time() < deadline:
-            if t_done is None and DONE in Path(log).read_text(errors="replace"):
-                t_done = time.time()
-            if t_done and time.time() > t_done + DRIVER_GRACE:
-                # Rank 0's training returned, but horovodrun waits on: seen under load when a worker's SSH
-                # session ended with 255 while the job wound down. The result is complete; stop the driver.
-                p.kill()
-                p.wait()
-                break
-            ev = read_events(events)
-            batches = [e for e in ev if e["event"] == "batch"]
-            if t_cut is None and batches and batches[-1]["size"] == n and batches[-1]["done"] >= cut_after:
-                lab.cut(cut)
-                t_cut = time.time()
-            elif t_cut and t_restore is None:
-                small = [e for e in batches if e["t"] > t_cut and e["size"] < n]
-                if len(small) >= restore_after:
-                    lab.restore(cut)
-                    t_restore = time.time()
-            time.sleep(0.2)
-        if p.poll() is None:
-            raise ElasticError(f"the elastic job did not finish within {timeout:.0f} s:\n{_tail(log)}")
-        ev = read_events(events)
-        trained = DONE in Path(log).read_text(errors="replace")      # rank 0's training returned
-        if p.returncode and not trained:
-            raise ElasticError(f"the elastic job failed ({p.returncode}):\n{_tail(log)}")
-        if t_restore is None:
-            raise ElasticError(f"the elastic job ended before the host was cut and restored; raise epochs for a "
-                               f"longer run:\n{_tail(log)}")
-        # driver_exit: horovodrun's exit status. Not 0 only after rank 0's training had ended: < 0, the kit
-        # stopped a horovodrun that did not exit within DRIVER_GRACE; > 0, horovodrun reported a worker's exit
-        # status at shutdown (seen under load: the rejoined worker's SSH session ended with 255 as the job
-        # wound down). Either way the training and its events are complete.
-        return {"hosts": lab.hosts, "cut": cut, "rate": lab.rate, "commit_every": commit_every, "batch": batch,
-                "t0": ev[0]["t"] if ev else None, "t_cut": t_cut, "t_restore": t_restore, "events": ev,
-                "driver_exit": p.returncode,
-                **summarize(ev, t_cut, t_restore)}
-    finally:
-        if t_cut and t_restore is None:
-            lab.restore(cut)
-        if p.poll() is None:
+           sys.executable, *TRAIN, "--elastic", *train]
+    return cmd, env
+
+
+def _drive(p, lab, cut: str, cut_after: int, restore_after: int, events: str, log: str, timeout: float,
+           times: dict) -> None:
+    """Follow the running job's events until horovodrun exits: cut `cut` once `cut_after` batches ran at full size,
+    restore it after `restore_after` batches at the smaller size (their times go in `times`). Stop a horovodrun
+    that waits on DRIVER_GRACE after rank 0's training returned; raise ElasticError past `timeout`."""
+    n = len(lab.hosts)
+    deadline, t_done = time.time() + timeout, None
+    while p.poll() is None and time.time() < deadline:
+        if t_done is None and DONE in Path(log).read_text(errors="replace"):
+            t_done = time.time()
+        if t_done and time.time() > t_done + DRIVER_GRACE:
+            # Rank 0's training returned, but horovodrun waits on: seen under load when a worker's SSH
+            # session ended with 255 while the job wound down. The result is complete; stop the driver.
             p.kill()
             p.wait()
-        if p.returncode:                      # stopped, or failed: what horovodrun started may be left on the hosts
-            lab.kill_jobs()
-        scratch.remove(folder)
+            return
+        batches = [e for e in read_events(events) if e["event"] == "batch"]
+        if times["cut"] is None and batches and batches[-1]["size"] == n and batches[-1]["done"] >= cut_after:
+            lab.cut(cut)
+            times["cut"] = time.time()
+        elif times["cut"] and times["restore"] is None:
+            small = [e for e in batches if e["t"] > times["cut"] and e["size"] < n]
+            if len(small) >= restore_after:
+                lab.restore(cut)
+                times["restore"] = time.time()
+        time.sleep(0.2)
+    if p.poll() is None:
+        raise ElasticError(f"the elastic job did not finish within {timeout:.0f} s:\n{_tail(log)}")
 
 
 def _tail(path: str, n: int = 3000) -> str:

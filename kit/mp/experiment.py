@@ -178,19 +178,6 @@ def torch_side_by_side(cluster, p: int = 2, m: int = 4, names=("afab", "1f1b"), 
     return {"p": p, "m": m, "rows": rows, "model_step_s": formulas.step_time(p, m, cfg["tf"], cfg["tb"])}
 
 
-def summarize(x: dict, tol: float = 0.15) -> dict:
-    """Return the checks of a sweep: bubble within tol of the model for m >= p; 1F1B holds <= p, AFAB grows with m."""
-    fits = [r for r in x["rows"] if r["m"] >= r["p"]]
-    rel = [abs(r["bubble"] - r["model"]) / r["model"] for r in fits]
-    one = [r for r in x["rows"] if r["schedule"] == "1f1b"]
-    afab = [r for r in x["rows"] if r["schedule"] == "afab"]
-    return {"bubble_ok": all(e <= tol for e in rel), "bubble_worst": max(rel) if rel else None, "tol": tol,
-            "n_fits": len(fits),
-            "onefonb_ok": all(max(r["peak"]) <= r["p"] for r in one),
-            "afab_grows": all(r["peak"][0] == r["m"] for r in afab),
-            "peak_matches_model": all(r["peak"] == r["peak_model"] for r in x["rows"])}
-
-
 TP_CFG = dict(d=64, hidden=None, batch=32, seed=0, reps=5)
 
 

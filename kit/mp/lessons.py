@@ -67,14 +67,21 @@ def worst_fit(sweep: dict) -> dict | None:
     return max(fits, key=lambda r: abs(r["bubble"] - r["model"]) / r["model"]) if fits else None
 
 
+def fit_error(sweep: dict) -> tuple[float | None, int]:
+    """Return the bubble's worst relative distance from (p−1)/(m+p−1) over the sweep's rows with m >= p (None: no
+    such row), and how many rows that is."""
+    w = worst_fit(sweep)
+    n = sum(1 for r in sweep["rows"] if r["m"] >= r["p"])
+    return (None if w is None else abs(w["bubble"] - w["model"]) / w["model"]), n
+
+
 def bubble_check(sweep: dict, tol: float = 0.15, name: str = "bubble") -> Check:
     """For m >= p, the measured bubble is within `tol` (relative) of (p−1)/(m+p−1)."""
     w = worst_fit(sweep)
     if w is None:
         return Check(name, measured="no setting with m ≥ p in this sweep", bound="(p−1)/(m+p−1)", held=False,
                      reason="the sweep had no m ≥ p: run it with more micro-batches")
-    n = sum(1 for r in sweep["rows"] if r["m"] >= r["p"])
-    err = abs(w["bubble"] - w["model"]) / w["model"]
+    err, n = fit_error(sweep)
     lo, hi = w["bubble_range"]
     held = err <= tol
     return Check(
