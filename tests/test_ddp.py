@@ -61,6 +61,21 @@ def test_bytes_per_step_follow_the_ring_model():
     assert dp.t_comm_buckets(N, [3 * K], 1e-4, 1e9) < t                     # one message fewer: one α·2(N-1) less
 
 
+def test_the_horovod_note_says_where_horovods_time_went():
+    row = lambda scheme, ms, **kw: {"scheme": scheme, "step_ms": ms, "step_ms_range": [ms / 2, 3 * ms],  # noqa: E731
+                                    "calls": 14, "ok": True, **kw}
+    steps = [{"span": 30.0, "wire": 10.0, "negotiation": 18.0, "allreduces": 2, "cycles": 5},
+             {"span": 20.0, "wire": 12.0, "negotiation": 6.0, "allreduces": 3, "cycles": 2},
+             {"span": 90.0, "wire": 11.0, "negotiation": 75.0, "allreduces": 2, "cycles": 30}]
+    x = {"N": 3, "cores": 2, "rows": [row("ddp:1048576", 20.0), row("horovod", 40.0, horovod_steps=steps)]}
+    note = schemes.horovod_note(x)
+    assert "40.0 ms per step" in note and "DDP's 20.0" in note
+    assert "(median of 3): 30.0 ms in all, 11.0 ms with a fused allreduce on the wire (2 of them), and 18.0 ms" in note
+    assert "its longest such step, 90 ms, negotiated for 75" in note and "share 2 cores" in note
+    del x["rows"][1]["horovod_steps"], x["cores"]      # a run without Horovod's timeline says only its step times
+    assert "negotiat" not in schemes.horovod_note(x) and "cores" not in schemes.horovod_note(x)
+
+
 def test_schemes_and_labels():
     names = schemes.all_schemes((1024,), 2048)
     assert names == ["local", "naive", "overlap", "buckets:1024", "ddp:2048", "ddp_fp16:2048", "horovod", "zero",
@@ -101,6 +116,10 @@ def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
     assert rows["ddp_fp16:256"]["calls"] and sum(b for _, b in rows["ddp_fp16:256"]["calls"]) * 2 == K
     hvd = rows["horovod"]["calls"]                   # every gradient handed to Horovod once, fused on its thread
     assert len(hvd) == 6 and sum(b for _, b in hvd) == K
+    steps = rows["horovod"]["horovod_steps"]         # Horovod's timeline of the timed steps: rank 0 writes it
+    assert len(steps) == TINY["reps"] and all(st["allreduces"] >= 1 and 0 < st["wire"] <= st["span"] for st in steps)
+    others = [next(x for x in r if x["scheme"] == "horovod")["horovod_steps"] for r in per_rank[1:]]
+    assert others == [None, None] and rows["ddp:256"]["horovod_steps"] is None
     zero = rows["zero"]
     assert [c for c, _ in zero["calls"]] == ["reduce_scatter", "all_gather"]   # the ring's two phases
     padded = -(-K // 4 // 3) * 3 * 4

@@ -146,6 +146,27 @@ def test_timeline_parser_reads_an_unfinished_file_and_plots(tmp_path):
 
 
 
+def test_per_step_splits_a_timeline_at_the_first_gradient_and_counts_each_instant_once(tmp_path):
+    """Two steps of tensors a (produced first) and b. Step 1: a negotiates 0-2 ms, b 1-5, one fused allreduce 5-9.
+    Step 2 (from 20 ms): a negotiates 20-20.5 and goes alone 21-23; b negotiates 20.6-30 and goes 30-33."""
+    ev = [{"name": "process_name", "ph": "M", "pid": p, "args": {"name": n}} for p, n in ((1, "a"), (2, "b"))]
+    for pid, spans in ((1, [(0, 2, 5, 9), (20, 20.5, 21, 23)]), (2, [(1, 5, 5, 9), (20.6, 30, 30, 33)])):
+        for n0, n1, w0, w1 in spans:
+            ev += [{"ph": "B", "name": "NEGOTIATE_ALLREDUCE", "ts": 1e3 * n0, "pid": pid},
+                   {"ph": "E", "ts": 1e3 * n1, "pid": pid},
+                   {"ph": "B", "name": "ALLREDUCE", "ts": 1e3 * w0, "pid": pid},
+                   {"ph": "B", "name": "GLOO_ALLREDUCE", "ts": 1e3 * w0, "pid": pid},
+                   {"ph": "E", "ts": 1e3 * w1, "pid": pid}, {"ph": "E", "ts": 1e3 * w1, "pid": pid}]
+    ev += [{"ph": "i", "name": "CYCLE_START", "ts": 1e3 * t, "s": "g"} for t in (1, 3, 21, 25)]
+    path = tmp_path / "timeline.json"
+    path.write_text(json.dumps(ev)[:-1] + ",")          # left open, as Horovod leaves it while running
+    steps = timeline.per_step(path)
+    ms = [{k: round(1e3 * v, 6) if isinstance(v, float) else v for k, v in st.items()} for st in steps]
+    assert ms == [{"span": 9.0, "wire": 4.0, "negotiation": 5.0, "allreduces": 1, "cycles": 2},
+                  {"span": 13.0, "wire": 5.0, "negotiation": 9.9, "allreduces": 2, "cycles": 2}]
+    assert timeline.read_cycles(path) == pytest.approx([0.001, 0.003, 0.021, 0.025])
+
+
 def test_exchange_per_step_counts_fused_and_overlapping_transfers_once():
     """Two steps; in each, grads_0 goes alone (1 ms) and grads_4/grads_5 share one fused transfer (10 ms, their
     recorded starts 0.1 ms apart), overlapping grads_0's by 0.5 ms: 10.5 ms of wall clock per step, not 21."""

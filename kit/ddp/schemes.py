@@ -13,6 +13,7 @@ are compared with one process training on the N× batch.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -148,8 +149,11 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
     for name in names:
         model, opt, finish = setup(name, make_model(cfg), cfg)
         seconds, calls, c0, peak = [], [], None, None
+        trace = HorovodTimeline() if name == "horovod" else None
         for step in range(steps):
             x, y = batch(cfg, step, rank, world)
+            if step == cfg["warmup"] and trace:
+                trace.start()                             # Horovod's own timeline of the timed steps
             if step == cfg["warmup"] and cfg.get("nic"):   # on lab hosts: the NIC's counters around the timed steps
                 dist.barrier()
                 c0 = counters()
@@ -162,14 +166,46 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
             seconds.append(time.perf_counter() - t0)
             calls = seen if seen is not None else calls
             peak = meter.peak if meter is not None else peak
+        hvd_steps = trace.stop() if trace else None
         nic = None
         if c0 is not None:
             dist.barrier()
             nic = {k: (v - c0[k]) / cfg["reps"] for k, v in counters().items()}     # bytes per timed step
         out.append({"scheme": name, "seconds": seconds[cfg["warmup"]:], "calls": calls, "nic": nic,
                     "held": dp.held_bytes(model, opt), "peak": peak,
-                    "err": max_diff(model, ref)})
+                    "err": max_diff(model, ref), "horovod_steps": hvd_steps})
     return out
+
+
+class HorovodTimeline:
+    """Horovod's timeline of some steps, in a private temp file (the engines start with HOROVOD_TIMELINE=DYNAMIC):
+    start(), the steps, then stop() returns kit.mnist.timeline.per_step of it on rank 0 (which writes it; None on
+    the others, or where this Horovod cannot record one) and removes the file."""
+    path = None
+
+    def start(self):
+        import os
+        import tempfile
+        import horovod.torch as hvd
+        self.path = os.path.join(tempfile.gettempdir(), f"horovod-timeline-{os.getpid()}.json")
+        try:
+            hvd.start_timeline(self.path, mark_cycles=True)
+        except ValueError:                        # started without HOROVOD_TIMELINE=DYNAMIC: no timeline
+            self.path = None
+
+    def stop(self) -> list[dict] | None:
+        import os
+        import horovod.torch as hvd
+        from kit.mnist.timeline import per_step
+        if self.path is None:
+            return None
+        hvd.stop_timeline()
+        if not os.path.exists(self.path):
+            return None
+        try:
+            return per_step(self.path) if hvd.rank() == 0 else None
+        finally:
+            os.remove(self.path)
 
 
 class _nothing:
@@ -203,7 +239,7 @@ def experiment(cluster=None, n: int = 3, cfg: dict | None = None, names: list[st
     K = sum(p.numel() * p.element_size() for p in model.parameters())
     rows = [_row(name, [r[i] for r in per_rank], N, K, ab) for i, name in enumerate(names)]
     return {"N": N, "cfg": cfg, "K": K, "tensors": len(list(model.parameters())), "rows": rows,
-            "alpha_s": ab and ab["alpha"], "B_bytes_per_s": ab and ab["B"]}
+            "alpha_s": ab and ab["alpha"], "B_bytes_per_s": ab and ab["B"], "cores": os.cpu_count()}
 
 
 def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
@@ -219,6 +255,9 @@ def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
            "handed_by": {c: sum(b for name, b in calls if name == c) for c, _ in calls},
            "held": held, "state_share": sum(held.values()) / (3 * K),
            "peak": max((r["peak"] for r in ranks), key=lambda p: p["total"])}
+    if ranks[0].get("horovod_steps"):             # Horovod's timeline, rank 0's record of every rank's collectives
+        row["horovod_steps"] = [{k: 1e3 * v if k in ("span", "wire", "negotiation") else v for k, v in st.items()}
+                                for st in ranks[0]["horovod_steps"]]
     if ranks[0].get("nic"):                        # lab hosts: what each host's NIC sent and received per step
         row["nic_tx"], row["nic_rx"] = [r["nic"]["tx"] for r in ranks], [r["nic"]["rx"] for r in ranks]
     if ab is not None and calls and all(c == "all_reduce" for c, _ in calls):
@@ -253,7 +292,8 @@ def calls_cell(r: dict) -> str:
 
 
 def horovod_note(x: dict) -> str:
-    """Horovod's DistributedOptimizer against DDP on a run, from its numbers: median and spread of the steps."""
+    """Horovod's DistributedOptimizer against DDP on a run, from its numbers: median and spread of the steps, and
+    where Horovod's time went by its own timeline (on the wire, negotiating), when the run recorded one."""
     h, d = by_scheme(x)["horovod"], first(x, "ddp")
     (lo, hi), (dlo, dhi) = h["step_ms_range"], d["step_ms_range"]
     out = (f"Horovod's DistributedOptimizer handed the {h['calls']} gradients one by one to its background thread, "
@@ -261,7 +301,20 @@ def horovod_note(x: dict) -> str:
            f"the steps) against DDP's {d['step_ms']:.1f} ({dlo:.0f}–{dhi:.0f}), "
            + ("with the same weights." if h["ok"] else "and NOT the same weights."))
     if lo <= 1.2 * d["step_ms"] < h["step_ms"] / 1.5:
-        out += (" Its fastest steps match DDP's median; its median is set by steps that wait. Horovod's thread "
-                "negotiates with every rank each cycle, and here it shares the cores with the engines; this run "
-                "does not separate the two.")
+        out += " Its fastest steps match DDP's median; its median is set by steps that wait."
+    hs = h.get("horovod_steps")
+    if not hs:
+        return out
+    med = lambda key: float(np.median([st[key] for st in hs]))   # noqa: E731
+    worst = max(hs, key=lambda st: st["span"])
+    out += (f" Horovod's own timeline of the timed steps (rank 0 records every rank's collectives) says where the "
+            f"time between a step's first gradient and its last sum went, per step (median of {len(hs)}): "
+            f"{med('span'):.1f} ms in all, {med('wire'):.1f} ms with a fused allreduce on the wire "
+            f"({med('allreduces'):.0f} of them), and {med('negotiation'):.1f} ms with a gradient still negotiating, "
+            f"that is waiting until every rank's background thread had reported it ready (one coordination round "
+            f"a cycle); its longest such step, {worst['span']:.0f} ms, negotiated for {worst['negotiation']:.0f}. "
+            "DDP negotiates nothing: every rank launches the same buckets in the same order.")
+    if x.get("cores"):
+        out += (f" Here {x['N']} engines, each with a Horovod thread and Gloo's, share {x['cores']} cores, so a "
+                "background thread can wait for a core before it reports; this run does not measure how much.")
     return out

@@ -2,6 +2,7 @@
 
     intervals = kit.mnist.timeline.read_timeline(path)          # {tensor, phase, depth, start, end} per phase
     kit.mnist.timeline.timeline_summary(intervals)               # seconds per phase, e.g. NEGOTIATE_ALLREDUCE
+    kit.mnist.timeline.per_step(path)                            # each step: on the wire, negotiating, cycles
     kit.plots.plot_timeline(intervals, start=t, seconds=0.3)
 """
 from __future__ import annotations
@@ -11,12 +12,48 @@ import re
 from pathlib import Path
 
 
-def read_timeline(path) -> list[dict]:
-    """Parse a HOROVOD_TIMELINE file into intervals {tensor, phase, depth, start, end} (seconds, from 0)."""
+def _events(path) -> list[dict]:
     text = Path(path).read_text().strip()
     if not text.endswith("]"):                      # Horovod leaves the list open while the job runs
         text = text.rstrip(",") + "]"
-    events = json.loads(text)
+    return json.loads(text)
+
+
+def read_cycles(path) -> list[float]:
+    """Return the instants Horovod's background thread started a cycle (hvd.start_timeline(..., mark_cycles=True)),
+    in seconds on read_timeline's clock (0 at the first interval's start)."""
+    events = _events(path)
+    t0 = min((ev["ts"] for ev in events if ev.get("ph") == "B"), default=0)
+    return sorted((ev["ts"] - t0) / 1e6 for ev in events if ev.get("name") == "CYCLE_START")
+
+
+def per_step(path) -> list[dict]:
+    """Split a timeline of training steps at each negotiation of the step's first gradient; per step: its span
+    (first negotiation to last allreduce done), the time some tensor was on the wire (the backend's allreduce) and
+    the time some tensor was negotiating (waiting for every rank to report it ready), each instant counted once,
+    the fused allreduces and the background thread's cycles. Seconds."""
+    intervals, cycles = read_timeline(path), read_cycles(path)
+    neg = [r for r in intervals if r["phase"].startswith("NEGOTIATE")]
+    if not neg:
+        return []
+    first = neg[0]["tensor"]
+    starts = [r["start"] for r in neg if r["tensor"] == first] + [float("inf")]
+    out = []
+    for a, b in zip(starts, starts[1:]):
+        step = [r for r in intervals if a <= r["start"] < b]
+        wire = [r for r in step if r["phase"] in ("GLOO_ALLREDUCE", "MPI_ALLREDUCE", "NCCL_ALLREDUCE")]
+        end = max(r["end"] for r in step)
+        out.append({"span": end - a, "wire": wall_seconds((r["start"], r["end"]) for r in wire),
+                    "negotiation": wall_seconds((r["start"], r["end"]) for r in step
+                                                if r["phase"].startswith("NEGOTIATE")),
+                    "allreduces": len({round(r["start"], 5) for r in wire}),
+                    "cycles": sum(1 for c in cycles if a <= c < end)})
+    return out
+
+
+def read_timeline(path) -> list[dict]:
+    """Parse a HOROVOD_TIMELINE file into intervals {tensor, phase, depth, start, end} (seconds, from 0)."""
+    events = _events(path)
     names, stacks, out = {}, {}, []
     for ev in events:
         pid = ev.get("pid")
