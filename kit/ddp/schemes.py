@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from kit.comm import costmodel, dp
-from kit.netlab.counters import counters
+from kit.netlab.counters import counters, payload
 
 CFG = dict(sizes=(256, 384, 384, 384, 384, 384, 384, 10), batch=64, lr=0.01, momentum=0.9, seed=0, warmup=2, reps=10)
 BUCKETS = (16 << 10, 256 << 10, 1 << 20, 4 << 20)      # the bucket-size sweep (bytes)
@@ -260,6 +260,8 @@ def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
                                 for st in ranks[0]["horovod_steps"]]
     if ranks[0].get("nic"):                        # lab hosts: what each host's NIC sent and received per step
         row["nic_tx"], row["nic_rx"] = [r["nic"]["tx"] for r in ranks], [r["nic"]["rx"] for r in ranks]
+        row["nic_payload"] = [payload(r["nic"]["tx"], r["nic"].get("tx_packets", 0)) for r in ranks]  # less headers
+        row["nic_retrans"] = [r["nic"].get("retrans", 0) for r in ranks]                            # segments resent
     if ab is not None and calls and all(c == "all_reduce" for c, _ in calls):
         row["model_comm_ms"] = 1e3 * dp.t_comm_buckets(N, [b for _, b in calls], ab["alpha"], ab["B"])
     return row
@@ -312,7 +314,8 @@ def horovod_note(x: dict) -> str:
             f"{med('span'):.1f} ms in all, {med('wire'):.1f} ms with a fused allreduce on the wire "
             f"({med('allreduces'):.0f} of them), and {med('negotiation'):.1f} ms with a gradient still negotiating, "
             f"that is waiting until every rank's background thread had reported it ready (one coordination round "
-            f"a cycle); its longest such step, {worst['span']:.0f} ms, negotiated for {worst['negotiation']:.0f}. "
+            f"a cycle; one gradient can negotiate while another is summed); its longest such step, "
+            f"{worst['span']:.0f} ms, negotiated for {worst['negotiation']:.0f}. "
             "DDP negotiates nothing: every rank launches the same buckets in the same order.")
     if x.get("cores"):
         out += (f" Here {x['N']} engines, each with a Horovod thread and Gloo's, share {x['cores']} cores, so a "
