@@ -162,8 +162,8 @@ def test_per_step_splits_a_timeline_at_the_first_gradient_and_counts_each_instan
     path.write_text(json.dumps(ev)[:-1] + ",")          # left open, as Horovod leaves it while running
     steps = timeline.per_step(path)
     ms = [{k: round(1e3 * v, 6) if isinstance(v, float) else v for k, v in st.items()} for st in steps]
-    assert ms == [{"span": 9.0, "wire": 4.0, "negotiation": 5.0, "allreduces": 1, "cycles": 2},
-                  {"span": 13.0, "wire": 5.0, "negotiation": 9.9, "allreduces": 2, "cycles": 2}]
+    assert ms == [{"span": 9.0, "wire": 4.0, "negotiation": 5.0, "idle": 0.0, "allreduces": 1, "cycles": 2},
+                  {"span": 13.0, "wire": 5.0, "negotiation": 9.9, "idle": 0.1, "allreduces": 2, "cycles": 2}]
     assert timeline.read_cycles(path) == pytest.approx([0.001, 0.003, 0.021, 0.025])
 
 

@@ -9,12 +9,17 @@ Needs root (kit.netlab makes network namespaces): skipped without it; CI runs as
 import pytest
 
 from kit.netlab import exchange
+from kit.netlab.counters import MSS
 from kit.plots.network import bytes_error, ratios
 
 pytestmark = [pytest.mark.lab, pytest.mark.engines, pytest.mark.requires_root]
 K = 4 << 20               # bytes per allreduce
 RATE = "200mbit"          # slow links: the network, not the 2 shared cores, sets the time
 CONTROL = 64 << 10        # bytes of barriers and ipyparallel heartbeats a host may add per call
+# Horovod, initialised on every engine, coordinates its ranks each cycle even when idle: an idle lab engine's NIC
+# sent and received ~380 KB/s (N = 2, measured with kit.netlab.counters around a 2 s sleep). A call's counters
+# carry that for as long as the call lasts (a PS worker's ~0.3 s: ~90 KB beside its K).
+HOROVOD_IDLE = 500e3      # bytes per second
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +27,12 @@ def x():
     return exchange.experiment(ns=(2,), sizes=(K,), rate=RATE, reps=2, impls=("ring", "byteps", "horovod_mpi", "ps"))
 
 
-def within_headers(counted: float, model: float) -> bool:
-    """The payload is all there, and the rest fits in the TCP/IP headers and ACKs (TCP_OVERHEAD_BOUND)."""
-    return model <= counted <= model * (1 + exchange.TCP_OVERHEAD_BOUND) + CONTROL
+def payload_is(counted: float, model: float, r: dict) -> bool:
+    """A NIC's payload (its bytes less 66 of headers a packet) is the model's, plus barriers and heartbeats
+    (CONTROL), Horovod's idle coordination for as long as the slowest call lasted, and at most one MSS for each
+    segment TCP resent in row `r`; the headers no longer count, however small the packets a busy machine sends."""
+    extra = CONTROL + HOROVOD_IDLE * r["range"][1] + MSS * sum(r["retrans"])
+    return model * 0.995 <= counted <= model + extra
 
 
 @pytest.mark.timeout(600)
@@ -43,18 +51,22 @@ def test_ring_and_byteps_hosts_send_and_receive_2_n_minus_1_over_n_k(x):
     for r in x["rows"]:
         if r["impl"] in ("ring", "byteps"):
             assert r["model_bytes"] == 2 * (2 - 1) / 2 * K
+            for counted in r["tx_payload"] + r["rx_payload"]:
+                assert payload_is(counted, r["model_bytes"], r), (r["impl"], counted, r["retrans"], r["range"])
             for counted in r["tx"] + r["rx"]:
-                assert within_headers(counted, r["model_bytes"]), (r["impl"], counted, r["model_bytes"])
+                assert counted >= r["model_bytes"]            # headers on top of the payload
 
 
 @pytest.mark.timeout(600)
 def test_ps_server_moves_n_k_each_way_and_workers_k(x):
     (r,) = [r for r in x["rows"] if r["impl"] == "ps"]
-    assert len(r["tx"]) == 3                       # the server's NIC, then the two workers'
-    assert within_headers(r["tx"][0], 2 * K) and within_headers(r["rx"][0], 2 * K), (r["tx"][0], r["rx"][0])
-    for counted in r["tx"][1:] + r["rx"][1:]:
-        assert within_headers(counted, K), counted
-    assert max(abs(v) for v in bytes_error(x).values() if v is not None) <= exchange.TCP_OVERHEAD_BOUND + 0.02
+    assert len(r["tx"]) == len(r["tx_payload"]) == len(r["retrans"]) == 3   # the server's NIC, then the workers'
+    tx, rx = r["tx_payload"], r["rx_payload"]
+    assert payload_is(tx[0], 2 * K, r) and payload_is(rx[0], 2 * K, r), (tx[0], rx[0], r["retrans"], r["range"])
+    for counted in tx[1:] + rx[1:]:
+        assert payload_is(counted, K, r), (counted, r["retrans"], r["range"])
+    most = max(CONTROL + HOROVOD_IDLE * row["range"][1] + MSS * sum(row["retrans"]) for row in x["rows"])
+    assert max(abs(v) for v in bytes_error(x).values() if v is not None) <= most / K
 
 
 @pytest.mark.timeout(600)

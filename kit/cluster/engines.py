@@ -113,7 +113,6 @@ def engine_env(slot, *, gpus: list[str], threads: int, timeout: float, folder: s
         # engine that GPU is device 0. No GPUs in the plan: the engine sees none and runs on the CPU.
         "CUDA_VISIBLE_DEVICES": gpus[slot.local_rank % len(gpus)] if gpus else "",
         "HOROVOD_GLOO_TIMEOUT_SECONDS": whole_seconds(timeout),
-        "HOROVOD_TIMELINE": "DYNAMIC",      # Horovod's timeline off, but hvd.start_timeline() may switch it on
         **stall.horovod_env(whole_seconds(timeout)),
     }
     if folder:

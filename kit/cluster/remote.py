@@ -30,7 +30,7 @@ from kit.cluster.launchers import LOCALHOST, ClusterError, GlooLauncher, MPILaun
 
 KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds `kit`
 IPP_VARS = ("IPP_CONNECTION_INFO", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR")
-CARRY = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS", "KIT_DATA_DIR")
+CARRY = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS", "KIT_DATA_DIR", "HOROVOD_TIMELINE")
 
 
 @dataclass

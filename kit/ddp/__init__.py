@@ -4,8 +4,8 @@ experiment on the engines (schemes), what each rank holds at its peak against Ze
 (torchrun), overlap proved from torch.profiler traces (profile), the exercises' graders (exercises). Its figures are
 kit.plots.ddp's and kit.plots.trace's."""
 from kit.ddp.schemes import (
-    CFG, all_schemes, by_scheme, experiment, first, horovod_note, make_model, batch, max_diff, reference, setup,
-    table)
+    CFG, all_schemes, by_scheme, experiment, first, horovod_note, horovod_timeline, make_model, batch, max_diff,
+    reference, setup, table)
 from kit.ddp.memory import memory_table
 from kit import _lazy_submodules
 

@@ -242,6 +242,29 @@ def experiment(cluster=None, n: int = 3, cfg: dict | None = None, names: list[st
             "alpha_s": ab and ab["alpha"], "B_bytes_per_s": ab and ab["B"], "cores": os.cpu_count()}
 
 
+def horovod_timeline(n: int = 3, cfg: dict | None = None, hosts=None) -> dict:
+    """The horovod scheme alone, in a job of its own whose engines start with HOROVOD_TIMELINE=DYNAMIC, with
+    Horovod's own timeline of its timed steps (kit.mnist.timeline.per_step of rank 0's record, in ms). A job of its
+    own because Horovod reads the variable at init and, with it set, its background threads exchange more while
+    idle (measured here: 48 KB more per PS call on a lab worker's NIC), which would disturb every other scheme.
+    `hosts`: a lab (kit.netlab) or host list, as for kit.cluster.start. Return the scheme's row."""
+    from kit import cluster as kc
+    cfg = {**CFG, **(cfg or {})}
+    before = os.environ.get("HOROVOD_TIMELINE")
+    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"          # the engines started now inherit it (a lab's: CARRY)
+    try:
+        with kc.start(n=n, backend="gloo", hosts=hosts, quiet=True) as c:
+            c.init_process_group()
+            per_rank = c.wait(c.view.apply_async(run_schemes, ["horovod"], cfg))
+    finally:
+        if before is None:
+            os.environ.pop("HOROVOD_TIMELINE", None)
+        else:
+            os.environ["HOROVOD_TIMELINE"] = before
+    K = sum(p.numel() * p.element_size() for p in make_model(cfg).parameters())
+    return _row("horovod", [r[0] for r in per_rank], n, K, None)
+
+
 def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
     kind = name.partition(":")[0]
     err = max(r["err"] for r in ranks)
@@ -256,7 +279,8 @@ def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
            "held": held, "state_share": sum(held.values()) / (3 * K),
            "peak": max((r["peak"] for r in ranks), key=lambda p: p["total"])}
     if ranks[0].get("horovod_steps"):             # Horovod's timeline, rank 0's record of every rank's collectives
-        row["horovod_steps"] = [{k: 1e3 * v if k in ("span", "wire", "negotiation") else v for k, v in st.items()}
+        ms = ("span", "wire", "negotiation", "idle")
+        row["horovod_steps"] = [{k: 1e3 * v if k in ms else v for k, v in st.items()}
                                 for st in ranks[0]["horovod_steps"]]
     if ranks[0].get("nic"):                        # lab hosts: what each host's NIC sent and received per step
         row["nic_tx"], row["nic_rx"] = [r["nic"]["tx"] for r in ranks], [r["nic"]["rx"] for r in ranks]
@@ -295,7 +319,8 @@ def calls_cell(r: dict) -> str:
 
 def horovod_note(x: dict) -> str:
     """Horovod's DistributedOptimizer against DDP on a run, from its numbers: median and spread of the steps, and
-    where Horovod's time went by its own timeline (on the wire, negotiating), when the run recorded one."""
+    where Horovod's time went by its own timeline (on the wire, negotiating), when x["horovod_timeline"] holds a
+    horovod_timeline() run."""
     h, d = by_scheme(x)["horovod"], first(x, "ddp")
     (lo, hi), (dlo, dhi) = h["step_ms_range"], d["step_ms_range"]
     out = (f"Horovod's DistributedOptimizer handed the {h['calls']} gradients one by one to its background thread, "
@@ -304,19 +329,22 @@ def horovod_note(x: dict) -> str:
            + ("with the same weights." if h["ok"] else "and NOT the same weights."))
     if lo <= 1.2 * d["step_ms"] < h["step_ms"] / 1.5:
         out += " Its fastest steps match DDP's median; its median is set by steps that wait."
-    hs = h.get("horovod_steps")
+    t = x.get("horovod_timeline")
+    hs = t and t.get("horovod_steps")
     if not hs:
         return out
     med = lambda key: float(np.median([st[key] for st in hs]))   # noqa: E731
     worst = max(hs, key=lambda st: st["span"])
-    out += (f" Horovod's own timeline of the timed steps (rank 0 records every rank's collectives) says where the "
-            f"time between a step's first gradient and its last sum went, per step (median of {len(hs)}): "
-            f"{med('span'):.1f} ms in all, {med('wire'):.1f} ms with a fused allreduce on the wire "
-            f"({med('allreduces'):.0f} of them), and {med('negotiation'):.1f} ms with a gradient still negotiating, "
-            f"that is waiting until every rank's background thread had reported it ready (one coordination round "
-            f"a cycle; one gradient can negotiate while another is summed); its longest such step, "
-            f"{worst['span']:.0f} ms, negotiated for {worst['negotiation']:.0f}. "
-            "DDP negotiates nothing: every rank launches the same buckets in the same order.")
+    out += (f" In a job of its own with Horovod's timeline on (rank 0 records every rank's collectives; the run above "
+            f"had it off, since it makes Horovod's threads exchange more while idle), Horovod took {t['step_ms']:.1f} "
+            f"ms a step (median), and its timeline says where the time between a step's first gradient and its last "
+            f"sum went, per step (median of {len(hs)}): {med('span'):.1f} ms in all, {med('wire'):.1f} ms with a "
+            f"fused allreduce on the wire ({med('allreduces'):.0f} of them), and {med('negotiation'):.1f} ms with a "
+            "gradient still negotiating, that is waiting until every rank's background thread had reported it ready "
+            "(one coordination round a cycle; one gradient can negotiate while another is summed), and "
+            f"{med('idle'):.1f} ms with neither (the thread between cycles, or waiting to run); its longest such "
+            f"step, {worst['span']:.0f} ms, negotiated for {worst['negotiation']:.0f} and did neither for "
+            f"{worst['idle']:.0f}. DDP negotiates nothing: every rank launches the same buckets in the same order.")
     if x.get("cores"):
         out += (f" Here {x['N']} engines, each with a Horovod thread and Gloo's, share {x['cores']} cores, so a "
                 "background thread can wait for a core before it reports; this run does not measure how much.")

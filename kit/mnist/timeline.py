@@ -31,7 +31,8 @@ def per_step(path) -> list[dict]:
     """Split a timeline of training steps at each negotiation of the step's first gradient; per step: its span
     (first negotiation to last allreduce done), the time some tensor was on the wire (the backend's allreduce) and
     the time some tensor was negotiating (waiting for every rank to report it ready), each instant counted once,
-    the fused allreduces and the background thread's cycles. Seconds."""
+    the time neither (`idle`: the background thread between cycles, or waiting to run), the fused allreduces and
+    the cycles. Seconds."""
     intervals, cycles = read_timeline(path), read_cycles(path)
     neg = [r for r in intervals if r["phase"].startswith("NEGOTIATE")]
     if not neg:
@@ -43,9 +44,10 @@ def per_step(path) -> list[dict]:
         step = [r for r in intervals if a <= r["start"] < b]
         wire = [r for r in step if r["phase"] in ("GLOO_ALLREDUCE", "MPI_ALLREDUCE", "NCCL_ALLREDUCE")]
         end = max(r["end"] for r in step)
-        out.append({"span": end - a, "wire": wall_seconds((r["start"], r["end"]) for r in wire),
-                    "negotiation": wall_seconds((r["start"], r["end"]) for r in step
-                                                if r["phase"].startswith("NEGOTIATE")),
+        neg = [(r["start"], r["end"]) for r in step if r["phase"].startswith("NEGOTIATE")]
+        on_wire = [(r["start"], r["end"]) for r in wire]
+        out.append({"span": end - a, "wire": wall_seconds(on_wire), "negotiation": wall_seconds(neg),
+                    "idle": end - a - wall_seconds(on_wire + neg),
                     "allreduces": len({round(r["start"], 5) for r in wire}),
                     "cycles": sum(1 for c in cycles if a <= c < end)})
     return out

@@ -32,7 +32,7 @@ import numpy as np
 
 from kit.comm.byteps import allreduce_colocated
 from kit.comm.costmodel import busbw, fit_alpha_beta, fit_latency, pingpong, predict, ring_bytes, t_comm_ps
-from kit.netlab.counters import counters
+from kit.netlab.counters import counters, payload
 from kit.netlab.lab import start as start_lab
 from kit.netlab.system import parse_rate
 
@@ -196,9 +196,17 @@ def _row(N: int, impl: str, nbytes: int, per_rank: list[dict], link: dict) -> di
     return {"N": N, "impl": impl, "bytes": nbytes, "seconds": seconds, "range": [float(slowest.min()),
             float(slowest.max())], "model_s": float(model),
             "busbw": busbw(nbytes, seconds, N), "ok": all(r["ok"] for r in per_rank),
-            "tx": [r["tx"] for r in per_rank], "rx": [r["rx"] for r in per_rank],
+            "tx": [r["tx"] for r in per_rank], "rx": [r["rx"] for r in per_rank], **_payloads(per_rank),
             "model_bytes": nbytes if impl == "ps" else ring_bytes(N, nbytes),
             "model_server_bytes": N * nbytes if impl == "ps" else None}
+
+
+def _payloads(per_host: list[dict]) -> dict:
+    """Each host NIC's payload per call, sent and received (its bytes less HEADER_BYTES a packet), and the TCP
+    segments each host resent per call."""
+    return {"tx_payload": [payload(r["tx"], r.get("tx_packets", 0)) for r in per_host],
+            "rx_payload": [payload(r["rx"], r.get("rx_packets", 0)) for r in per_host],
+            "retrans": [r.get("retrans", 0) for r in per_host]}
 
 
 def run_ps(lab, cluster, N: int, sizes, reps: int, link: dict) -> list[dict]:
@@ -232,6 +240,7 @@ def run_ps(lab, cluster, N: int, sizes, reps: int, link: dict) -> list[dict]:
         row = _row(N, "ps", nbytes, per_rank, link)
         row["ok"] = row["ok"] and served[i]["ok"]
         row["tx"], row["rx"] = [served[i]["tx"], *row["tx"]], [served[i]["rx"], *row["rx"]]
+        row.update({k: v + row[k] for k, v in _payloads([served[i]]).items()})     # the server's first
         rows.append(row)
     return rows
 
