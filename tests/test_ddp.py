@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import importable
-from kit.ddp import schemes
+from kit.ddp import horovod, schemes
 from kit.comm import costmodel, dp
 
 TINY = dict(schemes.CFG, sizes=(16, 24, 24, 5), batch=8, warmup=2, reps=2)
@@ -70,13 +70,13 @@ def test_the_horovod_note_says_where_horovods_time_went():
              {"span": 90.0, "wire": 11.0, "negotiation": 75.0, "idle": 6.0, "allreduces": 2, "cycles": 30}]
     x = {"N": 3, "cores": 2, "rows": [row("ddp:1048576", 20.0), row("horovod", 40.0)],
          "horovod_timeline": row("horovod", 45.0, horovod_steps=steps)}
-    note = schemes.horovod_note(x)
+    note = horovod.horovod_note(x)
     assert "40.0 ms per step" in note and "DDP's 20.0" in note and "Horovod took 45.0 ms a step" in note
     assert "(median of 3): 30.0 ms in all, 11.0 ms with a fused allreduce on the wire (2 of them), and 18.0 ms" in note
     assert "and 4.0 ms with neither" in note and "share 2 cores" in note
     assert "its longest such step, 90 ms, negotiated for 75 and did neither for 6" in note
     del x["horovod_timeline"], x["cores"]             # a run without Horovod's timeline says only its step times
-    assert "negotiat" not in schemes.horovod_note(x) and "cores" not in schemes.horovod_note(x)
+    assert "negotiat" not in horovod.horovod_note(x) and "cores" not in horovod.horovod_note(x)
 
 
 def test_schemes_and_labels():
@@ -136,7 +136,7 @@ def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
 @pytest.mark.timeout(120)
 @pytest.mark.engines
 def test_horovods_timeline_is_recorded_in_a_job_of_its_own():
-    row = schemes.horovod_timeline(n=2, cfg=TINY)
+    row = horovod.horovod_timeline(n=2, cfg=TINY)
     steps = row["horovod_steps"]                     # rank 0's record of every rank's collectives, per timed step
     assert row["scheme"] == "horovod" and row["ok"] and len(steps) == TINY["reps"]
     assert all(st["allreduces"] >= 1 and 0 < st["wire"] <= st["span"] for st in steps), steps

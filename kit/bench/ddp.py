@@ -19,7 +19,8 @@ def bench(out_dir, quick: bool = False, tiny: bool = False, cluster=None):
     names = schemes.all_schemes(s["buckets"], s["buckets"][-1] if tiny else schemes.DDP_BUCKET)
     x = schemes.experiment(cluster, n=3, cfg=s["cfg"], names=names, alpha_beta=s["alpha_beta"])
     if not tiny:
-        x["horovod_timeline"] = schemes.horovod_timeline(n=3, cfg=s["cfg"])     # Horovod's own timeline, apart
+        from kit.ddp.horovod import horovod_timeline
+        x["horovod_timeline"] = horovod_timeline(n=3, cfg=s["cfg"])     # Horovod's own timeline, apart
         import matplotlib.pyplot as plt
         from kit.plots.ddp import plot_schemes
         axes = plot_schemes(x)

@@ -74,7 +74,8 @@ def ddp(x: dict) -> list[str]:
     from kit.checks import markdown
     from kit.ddp.lessons import all_checks
     from kit.ddp.memory import memory_table
-    from kit.ddp.schemes import horovod_note, table
+    from kit.ddp.horovod import horovod_note
+    from kit.ddp.schemes import table
     m, cfg = x["machine"], x["cfg"]
     sweep = "\n".join(f"- {r['label']}: {r['calls']} allreduce(s), model {r['model_comm_ms']:.1f} ms, measured step "
                       f"{r['step_ms']:.1f} ms" for r in x["rows"] if r["scheme"].startswith("buckets:"))
@@ -92,7 +93,7 @@ def ddp_lab(x: dict) -> list[str]:
     """Return the machine, the setup, then per N: the table, the checks, the Horovod note, the timeline."""
     from kit.checks import markdown
     from kit.ddp.lab import claims, table, timeline_text
-    from kit.ddp.schemes import horovod_note
+    from kit.ddp.horovod import horovod_note
     m, first = x["machine"], x["runs"][0]
     out = [f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
            f"({x['seconds']:.0f} s)",

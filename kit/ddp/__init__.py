@@ -1,11 +1,12 @@
 """Data parallelism from the ring to DDP, ZeRO and FSDP (notebook 05), as kit.mnist is notebook 04's: the schemes'
 experiment on the engines (schemes), what each rank holds at its peak against ZeRO's formulas
 (memory), the same on lab hosts with each lesson checked (lab), torchrun across hosts
-(torchrun), overlap proved from torch.profiler traces (profile), the exercises' graders (exercises). Its figures are
+(torchrun), overlap proved from torch.profiler traces (profile), Horovod's own timeline against DDP (horovod),
+the exercises' graders (exercises). Its figures are
 kit.plots.ddp's and kit.plots.trace's."""
 from kit.ddp.schemes import (
-    CFG, all_schemes, by_scheme, experiment, first, horovod_note, horovod_timeline, make_model, batch, max_diff,
-    reference, setup, table)
+    CFG, all_schemes, by_scheme, experiment, first, make_model, batch, max_diff, reference, setup, table)
+from kit.ddp.horovod import horovod_note, horovod_timeline
 from kit.ddp.memory import memory_table
 from kit import _lazy_submodules
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from kit.checks import Check
 from kit.ddp import schemes
+from kit.ddp.horovod import horovod_timeline
 from kit.ddp.memory import memory_checks
 from kit.comm import dp
 from kit.netlab.counters import HEADER_BYTES, MSS
@@ -316,5 +317,5 @@ def run(ns=(2, 3, 4), rate: str = "1gbit", cfg: dict | None = None, names: list[
             with kc.start(n=N, backend="gloo", hosts=lab, timeout=timeout, quiet=True) as c:
                 c.init_process_group()
                 out.append(experiment(c, cfg, names, rate))
-            out[-1]["horovod_timeline"] = schemes.horovod_timeline(n=N, cfg={**CFG, **(cfg or {})}, hosts=lab)
+            out[-1]["horovod_timeline"] = horovod_timeline(n=N, cfg={**CFG, **(cfg or {})}, hosts=lab)
     return out

@@ -142,6 +142,7 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
     """On every engine: run each scheme for warmup + reps steps; time each step (after a barrier), count one
     step's collectives, measure what this rank holds, compare the weights with the one-process reference."""
     import torch.distributed as dist
+    from kit.mnist.timeline import HorovodTimeline
     rank, world = dist.get_rank(), dist.get_world_size()
     steps = cfg["warmup"] + cfg["reps"]
     ref = reference(cfg, world, steps)
@@ -149,7 +150,7 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
     for name in names:
         model, opt, finish = setup(name, make_model(cfg), cfg)
         seconds, calls, c0, peak = [], [], None, None
-        trace = HorovodTimeline() if name == "horovod" else None
+        trace = HorovodTimeline() if name == "horovod" else None      # records only where the engines allow it
         for step in range(steps):
             x, y = batch(cfg, step, rank, world)
             if step == cfg["warmup"] and trace:
@@ -175,37 +176,6 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
                     "held": dp.held_bytes(model, opt), "peak": peak,
                     "err": max_diff(model, ref), "horovod_steps": hvd_steps})
     return out
-
-
-class HorovodTimeline:
-    """Horovod's timeline of some steps, in a private temp file (the engines start with HOROVOD_TIMELINE=DYNAMIC):
-    start(), the steps, then stop() returns kit.mnist.timeline.per_step of it on rank 0 (which writes it; None on
-    the others, or where this Horovod cannot record one) and removes the file."""
-    path = None
-
-    def start(self):
-        import os
-        import tempfile
-        import horovod.torch as hvd
-        self.path = os.path.join(tempfile.gettempdir(), f"horovod-timeline-{os.getpid()}.json")
-        try:
-            hvd.start_timeline(self.path, mark_cycles=True)
-        except ValueError:                        # started without HOROVOD_TIMELINE=DYNAMIC: no timeline
-            self.path = None
-
-    def stop(self) -> list[dict] | None:
-        import os
-        import horovod.torch as hvd
-        from kit.mnist.timeline import per_step
-        if self.path is None:
-            return None
-        hvd.stop_timeline()
-        if not os.path.exists(self.path):
-            return None
-        try:
-            return per_step(self.path) if hvd.rank() == 0 else None
-        finally:
-            os.remove(self.path)
 
 
 class _nothing:
@@ -237,35 +207,14 @@ def experiment(cluster=None, n: int = 3, cfg: dict | None = None, names: list[st
             cluster.stop()
     model = make_model(cfg)
     K = sum(p.numel() * p.element_size() for p in model.parameters())
-    rows = [_row(name, [r[i] for r in per_rank], N, K, ab) for i, name in enumerate(names)]
+    rows = [scheme_row(name, [r[i] for r in per_rank], N, K, ab) for i, name in enumerate(names)]
     return {"N": N, "cfg": cfg, "K": K, "tensors": len(list(model.parameters())), "rows": rows,
             "alpha_s": ab and ab["alpha"], "B_bytes_per_s": ab and ab["B"], "cores": os.cpu_count()}
 
 
-def horovod_timeline(n: int = 3, cfg: dict | None = None, hosts=None) -> dict:
-    """The horovod scheme alone, in a job of its own whose engines start with HOROVOD_TIMELINE=DYNAMIC, with
-    Horovod's own timeline of its timed steps (kit.mnist.timeline.per_step of rank 0's record, in ms). A job of its
-    own because Horovod reads the variable at init and, with it set, its background threads exchange more while
-    idle (measured here: 48 KB more per PS call on a lab worker's NIC), which would disturb every other scheme.
-    `hosts`: a lab (kit.netlab) or host list, as for kit.cluster.start. Return the scheme's row."""
-    from kit import cluster as kc
-    cfg = {**CFG, **(cfg or {})}
-    before = os.environ.get("HOROVOD_TIMELINE")
-    os.environ["HOROVOD_TIMELINE"] = "DYNAMIC"          # the engines started now inherit it (a lab's: CARRY)
-    try:
-        with kc.start(n=n, backend="gloo", hosts=hosts, quiet=True) as c:
-            c.init_process_group()
-            per_rank = c.wait(c.view.apply_async(run_schemes, ["horovod"], cfg))
-    finally:
-        if before is None:
-            os.environ.pop("HOROVOD_TIMELINE", None)
-        else:
-            os.environ["HOROVOD_TIMELINE"] = before
-    K = sum(p.numel() * p.element_size() for p in make_model(cfg).parameters())
-    return _row("horovod", [r[0] for r in per_rank], n, K, None)
-
-
-def _row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
+def scheme_row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
+    """One scheme's row of a run from its per-rank records: the slowest rank's step times, collectives, bytes,
+    what each rank held, its error against one process (ab: α and B for the model's time, or None)."""
     kind = name.partition(":")[0]
     err = max(r["err"] for r in ranks)
     calls = ranks[0]["calls"]
@@ -315,37 +264,3 @@ def table(x: dict) -> str:
 def calls_cell(r: dict) -> str:
     """A row's collectives per step; Horovod's are the gradients handed to it, fused on its own thread."""
     return f"{r['calls']} handed, fused" if r["scheme"] == "horovod" else str(r["calls"])
-
-
-def horovod_note(x: dict) -> str:
-    """Horovod's DistributedOptimizer against DDP on a run, from its numbers: median and spread of the steps, and
-    where Horovod's time went by its own timeline (on the wire, negotiating), when x["horovod_timeline"] holds a
-    horovod_timeline() run."""
-    h, d = by_scheme(x)["horovod"], first(x, "ddp")
-    (lo, hi), (dlo, dhi) = h["step_ms_range"], d["step_ms_range"]
-    out = (f"Horovod's DistributedOptimizer handed the {h['calls']} gradients one by one to its background thread, "
-           f"which fuses whatever is ready each cycle: {h['step_ms']:.1f} ms per step (median; {lo:.0f}–{hi:.0f} over "
-           f"the steps) against DDP's {d['step_ms']:.1f} ({dlo:.0f}–{dhi:.0f}), "
-           + ("with the same weights." if h["ok"] else "and NOT the same weights."))
-    if lo <= 1.2 * d["step_ms"] < h["step_ms"] / 1.5:
-        out += " Its fastest steps match DDP's median; its median is set by steps that wait."
-    t = x.get("horovod_timeline")
-    hs = t and t.get("horovod_steps")
-    if not hs:
-        return out
-    med = lambda key: float(np.median([st[key] for st in hs]))   # noqa: E731
-    worst = max(hs, key=lambda st: st["span"])
-    out += (f" In a job of its own with Horovod's timeline on (rank 0 records every rank's collectives; the run above "
-            f"had it off, since it makes Horovod's threads exchange more while idle), Horovod took {t['step_ms']:.1f} "
-            f"ms a step (median), and its timeline says where the time between a step's first gradient and its last "
-            f"sum went, per step (median of {len(hs)}): {med('span'):.1f} ms in all, {med('wire'):.1f} ms with a "
-            f"fused allreduce on the wire ({med('allreduces'):.0f} of them), and {med('negotiation'):.1f} ms with a "
-            "gradient still negotiating, that is waiting until every rank's background thread had reported it ready "
-            "(one coordination round a cycle; one gradient can negotiate while another is summed), and "
-            f"{med('idle'):.1f} ms with neither (the thread between cycles, or waiting to run); its longest such "
-            f"step, {worst['span']:.0f} ms, negotiated for {worst['negotiation']:.0f} and did neither for "
-            f"{worst['idle']:.0f}. DDP negotiates nothing: every rank launches the same buckets in the same order.")
-    if x.get("cores"):
-        out += (f" Here {x['N']} engines, each with a Horovod thread and Gloo's, share {x['cores']} cores, so a "
-                "background thread can wait for a core before it reports; this run does not measure how much.")
-    return out

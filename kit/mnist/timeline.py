@@ -3,6 +3,7 @@
     intervals = kit.mnist.timeline.read_timeline(path)          # {tensor, phase, depth, start, end} per phase
     kit.mnist.timeline.timeline_summary(intervals)               # seconds per phase, e.g. NEGOTIATE_ALLREDUCE
     kit.mnist.timeline.per_step(path)                            # each step: on the wire, negotiating, cycles
+    rec = HorovodTimeline(); rec.start(); ...; steps = rec.stop()  # the same, recorded at run time (rank 0)
     kit.plots.plot_timeline(intervals, start=t, seconds=0.3)
 """
 from __future__ import annotations
@@ -108,3 +109,33 @@ def allreduce_seconds_per_step(intervals: list[dict], skip_steps: int = 0) -> fl
     spans = [(r["start"], r["end"]) for r in intervals if r["phase"].endswith("_ALLREDUCE") and r["depth"] > 0
              and not r["phase"].startswith("NEGOTIATE") and r["tensor"].startswith("grads") and r["start"] >= t0]
     return wall_seconds(spans) / max(len(starts) - skip_steps, 1)
+
+
+class HorovodTimeline:
+    """Horovod's timeline of some steps, in a private temp file (where the engines started with
+    HOROVOD_TIMELINE=DYNAMIC): start(), the steps, then stop() returns per_step of it on rank 0 (which writes it;
+    None on the others, or where this Horovod cannot record one) and removes the file."""
+    path = None
+
+    def start(self):
+        import os
+        import tempfile
+        import horovod.torch as hvd
+        self.path = os.path.join(tempfile.gettempdir(), f"horovod-timeline-{os.getpid()}.json")
+        try:
+            hvd.start_timeline(self.path, mark_cycles=True)
+        except ValueError:                        # started without HOROVOD_TIMELINE=DYNAMIC: no timeline
+            self.path = None
+
+    def stop(self) -> list[dict] | None:
+        import os
+        import horovod.torch as hvd
+        if self.path is None:
+            return None
+        hvd.stop_timeline()
+        if not os.path.exists(self.path):
+            return None
+        try:
+            return per_step(self.path) if hvd.rank() == 0 else None
+        finally:
+            os.remove(self.path)
