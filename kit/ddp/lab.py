@@ -30,7 +30,7 @@ from kit.ddp import schemes
 from kit.ddp.horovod import horovod_timeline
 from kit.ddp.memory import memory_checks
 from kit.comm import dp
-from kit.netlab.counters import HEADER_BYTES, MSS
+from kit.netlab.counters import HEADER_BYTES, within
 
 SCHEMES = ["local", "naive", "overlap", f"buckets:{4 << 20}", f"ddp:{schemes.DDP_BUCKET}",
            f"ddp_fp16:{schemes.DDP_BUCKET}", "horovod", "zero", "fsdp"]
@@ -251,7 +251,7 @@ def _busiest(row: dict) -> tuple[float, float]:
 def _within(row: dict, model: float) -> bool:
     """The busiest NIC's payload within BYTES_TOL of `model`, allowing one MSS more for each segment resent."""
     sent, resent = _busiest(row)
-    return -BYTES_TOL <= sent / model - 1 and (sent - MSS * resent) / model - 1 <= BYTES_TOL
+    return within(sent, model, resent, BYTES_TOL)
 
 
 def _hid(ms: float, could: float) -> str:

@@ -15,7 +15,7 @@ import statistics
 import time
 
 from kit.checks import Check
-from kit.netlab.counters import HEADER_BYTES, MSS, payload
+from kit.netlab.counters import HEADER_BYTES, payload, within
 
 CFG = dict(d=128, mb=1024, m=4, blocks=2, seed=0, reps=6)
 PLACEMENTS = {"tp_in_host": "TP inside a host, PP across hosts", "tp_across": "TP across hosts, PP inside a host"}
@@ -166,8 +166,7 @@ def claims(x: dict, bytes_tol: float = 0.03, factor: float = 2.0) -> list[Check]
     out = []
     for r in (a, b):
         err = r["nic_payload"] / r["model_tx"] - 1
-        resent = MSS * r["nic_retrans"]
-        ok = -bytes_tol <= err and (r["nic_payload"] - resent) / r["model_tx"] - 1 <= bytes_tol
+        ok = within(r["nic_payload"], r["model_tx"], r["nic_retrans"], bytes_tol)
         again = f", {r['nic_retrans']:,.1f} segments sent again" if r["nic_retrans"] else ""
         out.append(Check(f"bytes, {r['label']}",
                          measured=f"the busiest NIC sent {r['nic_tx']:,.0f} bytes in {r['nic_tx_packets']:,.0f} "

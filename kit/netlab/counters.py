@@ -43,3 +43,9 @@ def retransmitted() -> int:
 def payload(nbytes: float, packets: float) -> float:
     """Return the bytes a NIC carried less the TCP/IP/Ethernet headers of its packets (HEADER_BYTES each)."""
     return nbytes - HEADER_BYTES * packets
+
+
+def within(sent: float, model: float, resent: float, tol: float) -> bool:
+    """A NIC's payload `sent` within `tol` (relative) of `model`, allowing one MSS more for each of the `resent`
+    segments TCP sent again (their payload crossed the NIC twice)."""
+    return -tol <= sent / model - 1 and (sent - MSS * resent) / model - 1 <= tol
