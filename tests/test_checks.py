@@ -66,6 +66,24 @@ def test_a_failed_check_without_a_reason_is_refused():
         Check("x", measured="1", bound="2", held=False)
 
 
+# ----------------------------------------------------------------------------------- section 2 (kit.ddp.lessons)
+def test_the_in_flight_note_counts_each_ranks_allreduces_and_says_what_unfinished_ones_mean():
+    in_flight = [[(0, 14), (3, 14)], [(14, 14), (0, 14)]]            # per rank, per step: (completed, launched)
+    text = lessons.in_flight_note(in_flight, 25)
+    assert "per step (rank 0: 0 of 14, 3 of 14; rank 1: 14 of 14, 0 of 14)" in text
+    assert "In all, 25 allreduces were still running" in text and "unfinished sums" in text
+    done = lessons.in_flight_note([[(14, 14)], [(14, 14)]], 0)
+    assert "(rank 0: 14 of 14; rank 1: 14 of 14)" in done and "nothing guarantees it" in done
+
+
+def test_the_finish_check_holds_within_its_tolerance_and_names_each_ranks_difference_when_not():
+    ok = lessons.finish_check([1e-7, 3e-7, 2e-7])
+    assert ok.held and "within 3.0e-07 of one process" in checks.markdown([ok])
+    text = _failed(lessons.finish_check([1e-7, 2e-3, 2e-7]))
+    assert "within 2.0e-03 of one process" in text and "(bound: 1e-05)" in text
+    assert "per rank were 1.0e-07, 2.0e-03, 2.0e-07" in text
+
+
 # ----------------------------------------------------------------------------------- sections 4-7 (kit.ddp.lessons)
 def test_every_lesson_holds_or_fails_on_the_recorded_run_as_its_numbers_say():
     x = _ddp_run()

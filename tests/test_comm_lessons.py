@@ -1,7 +1,9 @@
 """kit.comm.lessons: notebooks 02 and 03's lessons as kit.checks values, each made to hold and to fail here, and a
 failing one says why from its numbers."""
+import numpy as np
+
 from kit import checks
-from kit.comm import lessons
+from kit.comm import costmodel, lessons
 
 
 def rows(seconds, model):
@@ -34,3 +36,114 @@ def test_the_ring_losing_small_messages_and_the_straggler_can_each_fail():
     assert lessons.straggler_check(20.5, 1.0, 20, 1.3).held
     assert "did not wait" in lessons.straggler_check(2.0, 1.0, 20, 1.3).reason
     assert "share the cores" in lessons.straggler_check(20.0, 15.0, 20, 1.3).reason
+
+
+def test_the_straggler_as_section_5_shows_it_says_what_each_server_does():
+    held = lessons.straggler_demo_check(0, 20, 19.9, -0.6)
+    text = checks.markdown([held])
+    assert held.held and "+19.9 ms" in text and "-0.6 ms" in text and "Worker 0 slept 20 ms" in text
+    bad = checks.markdown([lessons.straggler_demo_check(0, 20, 2.0, -0.6)])
+    assert "did not hold" in bad and "did not wait for it" in bad
+    assert lessons.straggler_check(20.5, 1.0, 20).detail == ""            # no staleness given: no detail
+    assert "mean staleness 1.30" in lessons.straggler_check(20.5, 1.0, 20, 1.3).detail
+
+
+def test_the_accuracy_note_gives_every_number():
+    text = lessons.accuracy_note({"sync": 0.697, "async": 0.737, "async + straggler": 0.7371}, 100, 120, 0.1, 300)
+    for s in ("sync 69.7%", "async 73.7%", "applied 100 updates", "batch of 120 at LR = 0.1", "applied 300 updates",
+              "40 samples at LR/3"):
+        assert s in text, s
+
+
+def lab_rows(seconds, model, tx=None, rx=None, model_bytes=None, ns=(2, 3, 4)):
+    """{N: row} of one implementation, as kit.plots.network.rows gives them."""
+    return {n: {"seconds": s, "model_s": m, "tx": [t] * n, "rx": [r] * n, "model_bytes": model_bytes or 1}
+            for n, s, m, t, r in zip(ns, seconds, model, tx or (0,) * len(ns), rx or (0,) * len(ns))}
+
+
+def test_notebook_02s_lab_paragraphs_give_the_runs_numbers():
+    K = 64 << 20
+    assert "α = 157 µs (median of 5 ping-pong rounds; they ranged 79–1030 µs), B = 121 MB/s over 1gbit" in \
+        lessons.link_note(157e-6, 121e6, {"alpha_range": [79e-6, 1030e-6], "rounds": 5}, "1gbit")
+    assert "median of 1 ping-pong rounds; they ranged 157–157 µs" in lessons.link_note(157e-6, 121e6, {}, "1gbit")
+    ps = lab_rows((2.276, 3.4, 4.571), (2.2, 3.3, 4.4), tx=(0, 0, 4.008 * K), rx=(0, 0, 4.012 * K))
+    byteps = lab_rows((0.577, 0.7, 0.893), (0.56, 0.7, 0.84), tx=(0, 0, 1.002e6), model_bytes=1e6)
+    ring = lab_rows((0.569, 0.7, 0.854), (0.56, 0.7, 0.84))
+    text = lessons.bandwidth_note(K, ps, byteps, ring)
+    for s in ("K = 64 MB", "2276 ms per step at N = 2", "4571 ms at N = 4, 2.01× (the model: 2.00×; measured/model "
+              "1.03 and 1.04)", "sent 1.002× and received 1.003× N·K", "sent 1.002× 2(N−1)/N·K",
+              "577 ms → 893 ms (1.55×, model 1.50×)", "569 ms → 854 ms (1.50×, model 1.50×)",
+              "at N = 4 the ring was faster (854 ms vs 893 ms)"):
+        assert s in text, s
+    assert "the servers on the workers was faster" in lessons.bandwidth_note(K, ps, ring, byteps)
+
+
+def test_notebook_02s_small_message_table_and_paragraph():
+    ps, byteps, ring = lab_rows((8.1e-4, 2.54e-3, 2.41e-3), (1, 1, 1)), lab_rows((1.28e-3, 4e-3, 5e-3), (1, 1, 1)), \
+        lab_rows((2.45e-3, 4.42e-3, 8.64e-3), (1, 1, 1))
+    table = lessons.latency_table(4096, 30, ps, byteps, ring, {"2": 1225e-6, "3": 1105e-6, "4": 1441e-6})  # from JSON
+    assert "K = 4 KB: latency.** Median ms per step (30 calls each)" in table
+    assert "| 2 | 0.81 | 1.28 | 2.45 | 1225 |" in table and "| 4 | 2.41 | 5.00 | 8.64 | 1441 |" in table
+    slow = lessons.latency_note(304e-6, 157e-6, 304e-6, 1225e-6, [2, 3, 4], 4, 95 * 1024)
+    for s in ("o = 304 µs, 1.9× α: on this machine", "1225 µs each (median over N), 8× the ping-pong's α",
+              "slower one at N = 2, 3, 4: the small-K regime", "1225 against 304 µs", "K* = 95 KB for N = 4"):
+        assert s in slow, s
+    fast = lessons.latency_note(-5e-6, 157e-6, 0.0, 200e-6, [], 4, 0)
+    assert "o = -5 µs, 0.0× α: its N messages' latencies overlap" in fast and "not the slower one at any N" in fast
+
+
+def test_notebook_02s_extrapolation_gives_the_models_numbers():
+    ns = np.array([8, 16, 64, 512])
+    K, a, B, o = 25.6e6 * 4, 157e-6, 25e9 / 8, 304e-6
+    t_one = costmodel.t_comm_ps(ns, K, a, B, 1, o)
+    share = {64: 0.37, 512: 0.38}
+    text = lessons.extrapolation_note(ns, t_one, share, 0.25, o, K, a, B)
+    for s in (f"N=8 communication takes {t_one[0]:.2f} s", f"{t_one[0] / 0.25:.1f}× the assumed 0.25 s",
+              f"at N=512 it takes {t_one[-1]:.0f} s", f"{0.25 / (0.25 + t_one[-1]):.2%} efficiency",
+              "37% of the time at N = 64 and 38% at N = 512", "o = 304 µs",
+              f"({costmodel.t_comm_ring(512, K, a, B):.2f} s at N = 512"):
+        assert s in text, s
+
+
+def test_the_kits_ring_beats_the_plain_ring_or_says_why_not():
+    held = lessons.kit_ring_check(47.0, 32.2, 3, 2)
+    assert held.held and "the kit's ring is 1.46× as fast" in held.measured and "fewer copies" in held.detail
+    for plain, verdict in ((22.0, "the plain ring is 1.46× as fast"), (33.0, "about the same")):
+        text = checks.markdown([lessons.kit_ring_check(plain, 32.2, 3, 2)])
+        assert "did not hold" in text and verdict in text and "3 engines on 2 cores left none free" in text
+        assert "fewer copies" not in text
+
+
+def test_notebook_03s_lab_paragraphs_give_the_runs_numbers():
+    ring = lab_rows((0.569, 0.7, 0.853), (0.552, 0.7, 0.828), tx=(0, 0, 1.003e6), model_bytes=1e6)
+    ps = lab_rows((2.273, 3.4, 4.553), (2.2, 3.3, 4.4))
+    for r in (*ring.values(), *ps.values()):
+        r["range"] = [r["seconds"] - 0.002, r["seconds"] + 0.001]
+    link = {"alpha_range": [44e-6, 570e-6], "rounds": 5}
+    args = (64 << 20, ring, ps, 121e-6, 121e6, link, "1gbit", {"kit ring": 0.94, "Horovod (Gloo)": 0.71})
+    text = lessons.ring_lab_note(*args, reps=3, ranges=True)
+    for s in ("Over 1gbit links (ping-pong: α = 121 µs, median of 5 rounds that ranged 44–570 µs; B = 121 MB/s",
+              "K = 64 MB", "569 ms (567–570 over 3 calls) at N = 2", "853 ms (851–854 over 3 calls) at N = 4",
+              "1.50× (the model: 1.50×; its bandwidth term 2(N−1)/N alone: 1.50×)", "2273 ms (2271–2274 over 3 calls)",
+              "2.00× (model 2.00×)", "ring 1.03, 1.03; PS 1.03, 1.03", "sent 1.003× the model's",
+              "kit ring 94%, Horovod (Gloo) 71%."):
+        assert s in text, s
+    assert "over 3 calls" not in lessons.ring_lab_note(*args, reps=3, ranges=False)     # the committed JSON
+    small = lessons.ring_latency_note(4096, 30, lab_rows((2.27e-3, 4.2e-3, 7.87e-3), (1, 1, 1)),
+                                      lab_rows((8e-4, 2.23e-3, 1.62e-3), (1, 1, 1)), 121e-6, 213e-6, 1135e-6,
+                                      [2, 3, 4], 4, 96.4 * 1024)
+    for s in ("At K = 4 KB latency decides (30 calls per point", "N = 2: ring 2.27 ms, one server 0.80 ms",
+              "**The ring was the slower one at N = 2, 3, 4.**", "1135 µs each (median over N), 9× the",
+              "o = 213 µs per further worker", "K* = 96.4 KB for N = 4."):
+        assert s in small, s
+    assert "not the slower one at any N" in lessons.ring_latency_note(4096, 30, ps, ring, 1e-4, 0, 1e-4, [], 4, 0)
+
+
+def test_notebook_03s_closing_paragraph_gives_the_models_numbers():
+    a, B, K = 74e-6, 2.9e9, 16 << 20
+    text = lessons.at_scale_note(3, 47.0, 32.2, a, B, K)
+    for s in ("16 MB on 3 engines: the plain ring 47.0 ms, the kit's ring 32.2 ms", "α = 74 µs and B = 2.90 GB/s",
+              f"ring {costmodel.t_comm_ring(1024, K, a, B):.2f} s against {costmodel.t_comm_ps(1024, K, a, B):.1f} s",
+              f"at 4 KB the ring {costmodel.t_comm_ring(1024, 4096, a, B) * 1e3:.0f} ms",
+              f"lose below {costmodel.human(costmodel.crossover_bytes(1024, a, B))}."):
+        assert s in text, s

@@ -1,16 +1,23 @@
 """Notebooks 02 and 03's lessons, each checked on its run as a kit.checks.Check (rendered by kit.checks.markdown):
 the algorithms equal one process, the bytes are the formula's, the times grow with N as the α–β model says, the
 ring loses small messages to one server at large N, a straggler costs a synchronous server and not an asynchronous
-one.
+one, the kit's ring beats the plain one; and the paragraphs that report a run's numbers (the lab's link, large and
+small messages, the extrapolation), each a function of those numbers that returns Markdown.
 
     display(Markdown(kit.checks.markdown([growth_check("one server", ps_rows, 2, 4), ...])))
+    display(Markdown(bandwidth_note(K, ps_rows, byteps_rows, ring_rows)))
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from kit.checks import Check
-from kit.comm.costmodel import human
+from kit.comm.costmodel import crossover_bytes, human, latency_share, ring_bytes, t_comm_ps, t_comm_ring
 
 GROWTH_TOL = 0.25     # the step's growth from the smallest to the largest N, against the model's: within 25%
+SAME = (0.9, 1.1)     # plain ring's time / the kit's ring's within this band: "about the same"; above it the kit's won
 
 
 def equal_check(name: str, compared: dict[str, bool], bound: str) -> Check:
@@ -62,7 +69,8 @@ def small_k_check(ring: dict[int, dict], server: dict[int, dict], K: int, a_ring
                         "per further message")
 
 
-def straggler_check(sync_extra_ms: float, async_extra_ms: float, sleep_ms: float, staleness: float) -> Check:
+def straggler_check(sync_extra_ms: float, async_extra_ms: float, sleep_ms: float,
+                    staleness: float | None = None) -> Check:
     """A worker sleeping `sleep_ms` per step slows the other workers by at least half of it under the synchronous
     server (they wait at every pull) and by less than half under the asynchronous one (it never waits)."""
     held = sync_extra_ms >= sleep_ms / 2 and async_extra_ms < sleep_ms / 2
@@ -72,5 +80,180 @@ def straggler_check(sync_extra_ms: float, async_extra_ms: float, sleep_ms: float
                                          f"server, {async_extra_ms:+.1f} ms under the asynchronous one",
                  bound=f"sync ≥ half the {sleep_ms:.0f} ms sleep, async below half", held=held,
                  reason="" if held else why,
-                 detail=f"The asynchronous server paid in stale gradients instead (mean staleness {staleness:.2f} "
-                        "updates)")
+                 detail="" if staleness is None else f"The asynchronous server paid in stale gradients instead (mean "
+                                                     f"staleness {staleness:.2f} updates)")
+
+
+def straggler_demo_check(worker: int, sleep_ms: float, sync_extra_ms: float, async_extra_ms: float) -> Check:
+    """Return notebook 02's straggler_check as section 5 shows it: the detail says what each server does."""
+    return replace(straggler_check(sync_extra_ms, async_extra_ms, sleep_ms),
+                   detail=f"Worker {worker} slept {sleep_ms:.0f} ms per step: the synchronous server's other workers "
+                          "wait for it at every pull; the asynchronous server never waits, and pays in stale gradients "
+                          "instead (left plot above)")
+
+
+def accuracy_note(acc: dict[str, float], steps: int, batch: int, lr: float, async_updates: int,
+                  workers: int = 3) -> str:
+    """Return notebook 02's accuracy paragraph: sync against async, and why they are not the same optimisation."""
+    return (f"Accuracy: sync {acc['sync']:.1%}, async {acc['async']:.1%}, async + straggler "
+            f"{acc['async + straggler']:.1%} (above). They are not the same optimisation: the synchronous server "
+            f"applied {steps} updates, each averaging a batch of {batch} at LR = {lr}; the asynchronous one applied "
+            f"{async_updates} updates, each one worker's {batch // workers} samples at LR/{workers} (more, noisier "
+            "steps, some of them stale). Which reaches the higher accuracy after the same samples depends on the run; "
+            "neither is the better algorithm by these numbers alone.")
+
+
+# ----------------------------------------------------------------------------- the lab's runs, as Markdown
+def _ms(r: dict) -> str:
+    """Return a row's step time in whole ms ("854 ms")."""
+    return f"{r['seconds'] * 1e3:.0f} ms"
+
+
+def _grew(rows: dict[int, dict], lo: int, hi: int, key: str = "seconds") -> float:
+    """Return rows[hi][key] / rows[lo][key]: how much the step (or the model's, key="model_s") grew from N = lo."""
+    return rows[hi][key] / rows[lo][key]
+
+
+def link_note(alpha: float, B: float, link: dict, rate: str) -> str:
+    """Return notebook 02's line on the lab's one link measurement: α (median and range of its rounds) and B."""
+    lo, hi = link.get("alpha_range", [alpha, alpha])
+    return (f"**One α and one B for every N**: α = {alpha * 1e6:.0f} µs (median of {link.get('rounds', 1)} ping-pong "
+            f"rounds; they ranged {lo * 1e6:.0f}–{hi * 1e6:.0f} µs), B = {B / 1e6:.0f} MB/s over {rate} links.")
+
+
+def bandwidth_note(K: int, ps: dict[int, dict], byteps: dict[int, dict], ring: dict[int, dict]) -> str:
+    """Return notebook 02's large-message paragraph: each implementation's step from the smallest to the largest N
+    against the model's growth, and the bytes its NICs sent against the model's. Rows: {N: row of the run}."""
+    lo, hi = min(ps), max(ps)
+    srv = ps[hi]
+    faster = "the ring" if ring[hi]["seconds"] < byteps[hi]["seconds"] else "the servers on the workers"
+    return (f"**Large messages, K = {human(K)}: bandwidth.** One server took {_ms(ps[lo])} per step at N = {lo} "
+            f"and {_ms(srv)} at N = {hi}, {_grew(ps, lo, hi):.2f}× (the model: {_grew(ps, lo, hi, 'model_s'):.2f}×; "
+            f"measured/model {ps[lo]['seconds'] / ps[lo]['model_s']:.2f} and {srv['seconds'] / srv['model_s']:.2f}). "
+            f"At N = {hi} the server's NIC sent {srv['tx'][0] / (hi * K):.3f}× and received "
+            f"{srv['rx'][0] / (hi * K):.3f}× N·K per step: every byte passes through its one link. The servers on the "
+            f"workers sent {np.mean(byteps[hi]['tx']) / byteps[hi]['model_bytes']:.3f}× 2(N−1)/N·K per host and took "
+            f"{_ms(byteps[lo])} → {_ms(byteps[hi])} ({_grew(byteps, lo, hi):.2f}×, model "
+            f"{_grew(byteps, lo, hi, 'model_s'):.2f}×); the ring {_ms(ring[lo])} → {_ms(ring[hi])} "
+            f"({_grew(ring, lo, hi):.2f}×, model {_grew(ring, lo, hi, 'model_s'):.2f}×). Same bytes, so the model puts "
+            f"those two within their latency terms of each other; at N = {hi} {faster} was faster ({_ms(ring[hi])} "
+            f"vs {_ms(byteps[hi])}).")
+
+
+def latency_table(K: int, reps: int, ps: dict[int, dict], byteps: dict[int, dict], ring: dict[int, dict],
+                  ring_alpha: dict[int, float]) -> str:
+    """Return notebook 02's small-message table: ms per step of each implementation and the ring's time per
+    message in sequence (`ring_alpha`: {N or str(N): seconds}), one row per N."""
+    ring_alpha = {int(n): s for n, s in ring_alpha.items()}       # a run read back from JSON has str keys
+    rows = "\n".join(f"| {n} | {ps[n]['seconds'] * 1e3:.2f} | {byteps[n]['seconds'] * 1e3:.2f} | "
+                     f"{ring[n]['seconds'] * 1e3:.2f} | {ring_alpha[n] * 1e6:.0f} |" for n in sorted(ring))
+    return (f"**Small messages, K = {human(K)}: latency.** Median ms per step ({reps} calls each):\n\n"
+            f"| N | one server | servers on the workers | ring | ring's time / 2(N−1), µs |\n|---|---|---|---|---|\n"
+            f"{rows}")
+
+
+def latency_note(o_fit: float, alpha: float, o: float, a_ring: float, loses: list[int], n: int, k_star: float) -> str:
+    """Return notebook 02's small-message paragraph: the server's fitted o (`o_fit`, and `o` = max(o_fit, 0)), the
+    ring's time per message in sequence `a_ring`, the N where the ring was slower, the model's crossover at N = n."""
+    server = ("its N messages' latencies overlap and only o is paid per message." if o < alpha else
+              "on this machine the server pays its messages about one after another, and each costs more than the "
+              "link's α: it waits for that worker's process to be scheduled on one of the 2 shared cores.")
+    lost = (f"The ring was the slower one at N = {', '.join(map(str, loses))}: the small-K regime where it loses, "
+            "measured." if loses else "The ring was not the slower one at any N of this run.")
+    return (f"The server's steps against N, with the ping-pong's α, fit 2(α + (N−1)·o) with o = {o_fit * 1e6:.0f} µs, "
+            f"{o / alpha:.1f}× α: {server} The ring paid its 2(N−1) messages in sequence, {a_ring * 1e6:.0f} µs each "
+            f"(median over N), {a_ring / alpha:.0f}× the ping-pong's α, for the same reason: each step waits until N "
+            f"processes have run. {lost} In the model, the ring loses small messages when what each of its messages "
+            f"in sequence pays exceeds what each further message costs the server (for large N: {a_ring * 1e6:.0f} "
+            f"against {o * 1e6:.0f} µs here); with these numbers it puts the crossover at K* = {human(k_star)} for "
+            f"N = {n}. On a cluster, where a message waits for the link rather than for a core, the ring's α is the "
+            "link's and o is a few µs: there one server beats the ring below K* = B·((N−2)α − (N−1)o)/(N − (N−1)/N).")
+
+
+def extrapolation_note(ns, t_one, share: dict[int, float], compute_s: float, o: float, K: float, alpha: float,
+                       B: float) -> str:
+    """Return notebook 02's extrapolation paragraph: one server's time (`t_one`, one per N of `ns`) against the
+    compute, the k = 64 column's latency `share` ({N: fraction}), and the ring's time and latency at the largest N."""
+    n = ns[-1]
+    return (f"One server: already at N={ns[0]} communication takes {t_one[0]:.2f} s per step, "
+            f"{t_one[0] / compute_s:.1f}× the assumed {compute_s} s of compute; at N={n} it takes {t_one[-1]:.0f} s, "
+            f"so {n} workers train at {compute_s / (compute_s + t_one[-1]):.2%} efficiency. The time grows linearly "
+            "in N because every byte passes through the one server's link. k servers divide the bytes by k but need "
+            "k links and still grow linearly in N/k. Latency is not negligible everywhere: in the k = 64 column it is "
+            f"{share[64]:.0%} of the time at N = 64 and {share[n]:.0%} at N = {n}, with this lab's o = "
+            f"{o * 1e6:.0f} µs paid once per worker. Notebook 03's ring keeps each link's traffic at 2(N−1)/N·K each "
+            "way, under 2K whatever N, and pays in latency: 2(N−1) messages one after another per step "
+            f"({t_comm_ring(n, K, alpha, B):.2f} s at N = {n}, {latency_share('ring', n, K, alpha, B):.0%} of it "
+            "latency).")
+
+
+# ----------------------------------------------------------------------------- notebook 03
+def kit_ring_check(plain_ms: float, kit_ms: float, engines: int, cores: int) -> Check:
+    """The kit's ring beats the plain ring on the same 16 MB: over SAME[1]× as fast (best of 3, median over ranks)."""
+    speedup = plain_ms / kit_ms
+    held = speedup > SAME[1]
+    verdict = (f"the kit's ring is {speedup:.2f}× as fast" if held else
+               f"the plain ring is {1 / speedup:.2f}× as fast" if speedup < SAME[0] else "about the same")
+    return Check("the kit's ring", measured=f"16 MB on {engines} engines, best of 3 (median over ranks): the plain "
+                                            f"ring {plain_ms:.1f} ms, the kit's ring {kit_ms:.1f} ms: {verdict}",
+                 bound=f"over {SAME[1]}× as fast as the plain ring", held=held,
+                 reason="" if held else "the kit's extras (additions overlapping the next receive, pieces passed on "
+                                        f"early) need a core to overlap on, and {engines} engines on {cores} cores "
+                                        "left none free: on this run they did not pay",
+                 detail="Same algorithm, same bytes on the wire" + (
+                     "; what the kit adds is fewer copies (the plain ring copies every chunk and allocates every "
+                     "incoming one), additions that overlap the next receive, and pieces passed on as soon as they "
+                     "are added" if held else ""))
+
+
+def ring_lab_note(K: int, ring: dict[int, dict], ps: dict[int, dict], alpha: float, B: float, link: dict, rate: str,
+                  busbw: dict[str, float], reps: int, ranges: bool) -> str:
+    """Return notebook 03's large-message paragraph: the ring's and one server's step from the smallest to the
+    largest N against the model, the ring's NIC bytes against 2(N−1)/N·K, `busbw` ({label: share of the link})
+    at the largest N; with `ranges`, each median's range over the `reps` calls (the committed JSON has none)."""
+    lo, hi = min(ring), max(ring)
+    a_lo, a_hi = link.get("alpha_range", [alpha, alpha])
+    spread = lambda r: (f" ({r['range'][0] * 1e3:.0f}–{r['range'][1] * 1e3:.0f} over {reps} calls)"   # noqa: E731
+                        if "range" in r and reps > 1 and ranges else "")
+    fit = lambda r: f"{r['seconds'] / r['model_s']:.2f}"                                            # noqa: E731
+    sent = np.mean(ring[hi]["tx"]) / ring[hi]["model_bytes"]
+    return (f"Over {rate} links (ping-pong: α = {alpha * 1e6:.0f} µs, median of {link.get('rounds', 1)} rounds that "
+            f"ranged {a_lo * 1e6:.0f}–{a_hi * 1e6:.0f} µs; B = {B / 1e6:.0f} MB/s; the same for every N), "
+            f"K = {human(K)}: the kit's ring took {_ms(ring[lo])}{spread(ring[lo])} at N = {lo} and "
+            f"{_ms(ring[hi])}{spread(ring[hi])} at N = {hi} (medians), {_grew(ring, lo, hi):.2f}× (the model: "
+            f"{_grew(ring, lo, hi, 'model_s'):.2f}×; its bandwidth term 2(N−1)/N alone: "
+            f"{ring_bytes(hi, 1) / ring_bytes(lo, 1):.2f}×). The one-server parameter server took "
+            f"{_ms(ps[lo])}{spread(ps[lo])} → {_ms(ps[hi])}{spread(ps[hi])}, {_grew(ps, lo, hi):.2f}× (model "
+            f"{_grew(ps, lo, hi, 'model_s'):.2f}×). Measured/model at N = {lo}, {hi}: ring {fit(ring[lo])}, "
+            f"{fit(ring[hi])}; PS {fit(ps[lo])}, {fit(ps[hi])}. Each ring host's NIC sent {sent:.3f}× the model's "
+            f"2(N−1)/N·K at N = {hi}; busbw at N = {hi}, as a share of the link: "
+            f"{', '.join(f'{label} {v:.0%}' for label, v in busbw.items())}.")
+
+
+def ring_latency_note(K: int, reps: int, ring: dict[int, dict], ps: dict[int, dict], alpha: float, o: float,
+                      a_ring: float, loses: list[int], n: int, k_star: float) -> str:
+    """Return notebook 03's small-message paragraph: the ring against one server at each N, where the ring was
+    slower, its time per message in sequence `a_ring`, the server's o and the model's crossover at N = n."""
+    times = ", ".join(f"N = {m}: ring {ring[m]['seconds'] * 1e3:.2f} ms, one server {ps[m]['seconds'] * 1e3:.2f} ms"
+                      for m in sorted(ring))
+    lost = (f"**The ring was the slower one at N = {', '.join(map(str, loses))}.** " if loses else
+            "The ring was not the slower one at any N of this run. ")
+    return (f"At K = {human(K)} latency decides ({reps} calls per point, medians): {times}. {lost}Its 2(N−1) "
+            f"messages in sequence cost {a_ring * 1e6:.0f} µs each (median over N), {a_ring / alpha:.0f}× the "
+            "ping-pong's α: on two shared cores each step waits until N processes have been scheduled. The server's "
+            f"steps fit 2(α + (N−1)·o) with o = {o * 1e6:.0f} µs per further worker. For large N the ring loses small "
+            "messages when what each of its messages in sequence pays exceeds the server's o "
+            f"({a_ring * 1e6:.0f} against {o * 1e6:.0f} µs here); the model with these numbers puts the crossover at "
+            f"K* = {human(k_star)} for N = {n}.")
+
+
+def at_scale_note(engines: int, plain_ms: float, kit_ms: float, alpha: float, B: float, K: float, n: int = 1024,
+                  small: int = 4096) -> str:
+    """Return notebook 03's closing paragraph: the live rings' 16 MB times, then the model at N = n with this box's
+    α and B: the ring against one server at K and at `small` bytes (o = 0), and the crossover below which it loses."""
+    return (f"16 MB on {engines} engines: the plain ring {plain_ms:.1f} ms, the kit's ring {kit_ms:.1f} ms. At scale "
+            f"(the model, this box's α = {alpha * 1e6:.0f} µs and B = {B / 1e9:.2f} GB/s), N = {n}, K = {human(K)}: "
+            f"ring {t_comm_ring(n, K, alpha, B):.2f} s against {t_comm_ps(n, K, alpha, B):.1f} s for one parameter "
+            f"server; at {human(small)} the ring {t_comm_ring(n, small, alpha, B) * 1e3:.0f} ms against "
+            f"{t_comm_ps(n, small, alpha, B) * 1e3:.1f} ms (o = 0): its latencies in sequence lose below "
+            f"{human(crossover_bytes(n, alpha, B))}.")

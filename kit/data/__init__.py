@@ -1,5 +1,6 @@
 """The input pipeline of notebook 01 (pipeline; its names are this package's), Keras/tf.data loaders (tfdata),
-the starvation monitor (monitor) and the loader profiler (profiler)."""
+the starvation monitor (monitor), the loader profiler (profiler), the lesson checked on a run (lesson) and the
+sentences notebook 01 writes about its run (notes)."""
 from kit.data.pipeline import (
     FORMATS, ImageStore, encode, make_store, read, decode, augment,
     load_sample, checked_sample, SampleError, ImageDataset, CheckedDataset, Loader, make_loader, make_model,

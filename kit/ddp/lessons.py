@@ -2,6 +2,9 @@
 kit.checks.Check; notebook 05 and `python -m kit.bench ddp` render them with kit.checks.
 
     display(Markdown(kit.checks.markdown(sweep_checks(x, os.cpu_count()))))   # buckets, the α–β model, overlap
+
+Section 2's note on the allreduces still running when backward() returned (in_flight_note), and its check that
+finish() before the step gives one process's weights (finish_check), are here too.
 """
 from __future__ import annotations
 
@@ -10,6 +13,27 @@ from kit.ddp.memory import memory_checks
 from kit.ddp.schemes import by_scheme, first
 
 MODEL_FACTOR = 2.0       # the α–β model explains the bucket sweep when measured/model saving is within 2× either way
+TOL = 1e-5               # float32: the overlapped hooks' weights equal one process's within this
+
+
+def in_flight_note(in_flight: list[list[tuple[int, int]]], unfinished: int) -> str:
+    """Return section 2's note: per rank and step, the allreduces completed of those launched when backward()
+    returned, and what the `unfinished` ones (still running then) mean for a step taken at that moment."""
+    steps = "; ".join(f"rank {r}: " + ", ".join(f"{d} of {n}" for d, n in per_step)
+                      for r, per_step in enumerate(in_flight))
+    return (f"Completed allreduces when `backward()` returned, per step ({steps}). "
+            + (f"In all, {unfinished} allreduces were still running at that moment: stepping then would have used "
+               "unfinished sums." if unfinished else
+               "On this run every allreduce had already finished by then (the last ones are small and the machine "
+               "was quick), but nothing guarantees it: the next run, or a bigger model, can differ."))
+
+
+def finish_check(overlap_err: list[float], tol: float = TOL) -> Check:
+    """With finish() before the step, every rank's weights equal one process's on the N× batch (within `tol`)."""
+    held = all(e < tol for e in overlap_err)
+    return Check("finish() before the step", measured=f"every rank's weights within {max(overlap_err):.1e} of one "
+                 "process trained on the N× batch", bound=f"{tol:.0e}", held=held, reason="" if held else
+                 "the largest differences per rank were " + ", ".join(f"{e:.1e}" for e in overlap_err))
 
 
 def bucket_extremes(x: dict) -> tuple[dict, dict]:

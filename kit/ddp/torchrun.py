@@ -4,6 +4,7 @@ h1; a host cut mid-run ends in torchrun's elastic restart on the others (resumed
     run = kit.ddp.torchrun.run_on_lab(lab, steps=40)                        # 3 hosts, 3 nodes, one rank each
     run = kit.ddp.torchrun.run_on_lab(lab, steps=40, cut="h3", cut_after=10)  # --nnodes=2:3: carry on with 2
     run["events"]          # rank 0's log: per step its world size, torchrun's restart count, the loss
+    c = kit.ddp.torchrun.run_check(run, broken)   # the verdict as a kit.checks.Check (broken: check()'s message)
 
 The training (`python -m kit.ddp.torchrun`, what torchrun starts on each node) is notebook 05's MLP under
 `DistributedDataParallel` over Gloo (kit.ddp.schemes' model and batches), with a checkpoint on the shared file system
@@ -22,12 +23,15 @@ import sys
 import tempfile
 import time
 
+from kit.checks import Check
+
 PORT = 29400                    # the c10d store, on h1 (inside its namespace)
 RDZV_CONF = "join_timeout=60,last_call_timeout=2,read_timeout=10"
 # Each round of the rendezvous gets a fresh store for the workers (rank 0's worker hosts it). By default torchrun
 # shares the agent's store across restarts, and its keys outlive the round (pytorch/pytorch#135712): after a cut,
 # a restarted worker can read the previous round's address of rank 0 ("Connection refused"), fail, and make the
 # other agent restart too; on a busy machine that chase used up --max-restarts in 3 of 6 runs here.
+CONTRADICTS = "this run contradicts the torchrun section's lesson:"      # check()'s message starts so
 ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
        "LOGLEVEL": "WARNING"}
 
@@ -137,7 +141,32 @@ def check(run: dict, lab=None) -> None:
             bad.append(f"the first restart resumed from step {first}, not the last checkpoint (a multiple of "
                        f"{every} from {at}, the cut's step, to {at + every})")
     if bad:
-        raise AssertionError("this run contradicts the torchrun section's lesson:\n- " + "\n- ".join(bad))
+        raise AssertionError(f"{CONTRADICTS}\n- " + "\n- ".join(bad))
+
+
+def run_check(run: dict, broken: str | None) -> Check:
+    """Return the section's verdict on `run` as a Check: its world sizes, restarts, resumed and last steps against
+    the lesson (the cut host lost, the others restarted from the last checkpoint and finished); `broken` is
+    check()'s message (each claim the run breaks) or None when it held."""
+    s, kept = summarize(run), [h for h in run["exit"] if h != run["cut"]]
+    hosts = " and ".join([", ".join(kept[:-1]), kept[-1]]) if len(kept) > 1 else "".join(kept)
+    measured = (f"world sizes {' → '.join(map(str, s['world_sizes']))}, {s['restarts']} restart(s), resumed from "
+                f"step {', '.join(map(str, s['resumed_from'])) or '—'}, last step {s['last_step']} of {run['steps']}")
+    bound = (f"the job loses {run['cut']}, restarts on {hosts} from its last checkpoint and finishes" if run["cut"]
+             else f"one world of {hosts}, no restart, every step trained")
+    reason = ""
+    if broken is not None:     # check()'s claims, one a line after its first: "; " between them
+        head, _, claims = broken.partition("\n- ")
+        reason = (claims.replace("\n- ", "; ") if head == CONTRADICTS else " ".join(broken.split())) or \
+            "check() named no claim"
+    return Check("torchrun", measured=measured, bound=bound, held=broken is None, reason=reason)
+
+
+def h1_output(run: dict, held: bool, chars: int = 3000) -> str:
+    """Return "" when the run held; else torchrun's own output on h1 (its last `chars`) as a Markdown code block."""
+    if held:
+        return ""
+    return f"\n\ntorchrun's own output on h1 (the end):\n\n```\n{run['outputs']['h1'][-chars:]}\n```"
 
 
 # ------------------------------------------------------------------------------- what torchrun runs on each node

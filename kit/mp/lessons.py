@@ -3,12 +3,47 @@ render them with kit.checks (one verdict sentence: held, or did not hold … bec
 
     display(Markdown(kit.checks.markdown(tp_checks(mine, odd))))      # the learner's TP layers: equal, bytes
     display(Markdown(kit.checks.markdown(sweep_checks(sweep))))       # the bubble, activations held per stage
+
+Section 1's memory table and note (memory_table, memory_note) and section 3's comparison with PyTorch's
+parallelize_module (tp_table, torch_odd_note, unsharded_check) are written here too.
 """
 from __future__ import annotations
 
 from kit.checks import Check
 
 TOL = 1e-5               # float32: a parallel computation equals one process's within this
+PARTS = ("params", "grads", "optimizer", "activations")     # what a step holds (kit.mp.memory.measure's keys)
+
+
+def _mib(b: float) -> str:
+    """Return `b` bytes in MiB, one decimal."""
+    return f"{b / 2**20:.1f} MiB"
+
+
+def memory_table(rows: dict[str, dict], budget: float) -> str:
+    """Return section 1's Markdown table: per row (name -> bytes of each of PARTS) its parts, total and whether it
+    fits a device of `budget` bytes."""
+    table = ["| | parameters | gradients | Adam state | activations | total | fits the budget? |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        total = sum(r[k] for k in PARTS)
+        table.append(f"| {name} | " + " | ".join(_mib(r[k]) for k in PARTS)
+                     + f" | {_mib(total)} | {'yes' if total <= budget else '**no**'} |")
+    return "\n".join(table)
+
+
+def memory_note(one: dict, zero: dict, budget: float, batch: int, n: int) -> str:
+    """Return section 1's note: what one process holds (`one`), against a device of `budget` bytes what ZeRO-3 over
+    n ranks holds per rank (`zero`, kit.mp.model.memory_per_rank's), and whether that fits."""
+    state, zero_state = (sum(d[k] for k in ("params", "grads", "optimizer")) for d in (one, zero))
+    zero_total = zero_state + zero["activations"]
+    return (f"Measured in one process: parameters, gradients and Adam state {_mib(state)}, activations "
+            f"{_mib(one['activations'])} for a batch of {batch}. Against a device of half that ({_mib(budget)}): "
+            f"ZeRO-3 over {n} ranks brings the state down to {_mib(zero_state)} but keeps all "
+            f"{_mib(zero['activations'])} of activations, {_mib(zero_total)} in all: "
+            + ("it does **not** fit, " if zero_total > budget else
+               "it fits here, but only just: a larger batch would not; ")
+            + "splitting the model itself divides the activations too.")
 
 
 def worst_tp(r: dict) -> float:
@@ -41,6 +76,37 @@ def tp_checks(mine: dict, odd: dict, tol: float = TOL) -> list[Check]:
                f"{n} ways) never move. Each rank holds {max(mine['held']):,} of the block's {mine['full']:,} parameter "
                "bytes (the row layer's bias is whole on every rank)")
     return [equal, bytes_]
+
+
+def tp_table(mine: dict) -> str:
+    """Return section 3's Markdown table: the largest difference to one process and the forward + backward time of
+    the unsharded block, the learner's Column + Row, and PyTorch's parallelize_module (or why it refused)."""
+    ms = mine["ms"]
+    torch_row = (f"{mine['torch_diff']:.1e} | {ms['torch']:.2f} ms |" if mine["torch_error"] is None else
+                 f"refused: {mine['torch_error']} | — |")
+    return "\n".join([
+        "| | largest difference to one process | forward + backward |", "|---|---|---|",
+        f"| unsharded, one process per rank | — | {ms['full']:.2f} ms |",
+        f"| your Column + Row | {worst_tp(mine):.1e} | {ms['kit']:.2f} ms |",
+        f"| `parallelize_module(ColwiseParallel, RowwiseParallel)` | {torch_row}"])
+
+
+def torch_odd_note(odd: dict, n: int) -> str:
+    """Return what PyTorch's parallelize_module did on the odd sizes (`odd`, tp_check's run over n ranks)."""
+    return (f"On odd sizes (hidden {odd['cfg']['hidden']} over {n} ranks) PyTorch "
+            + (f"refused: `{odd['torch_error']}` — its row-wise layer needs the hidden size to divide by the ranks, "
+               "yours does not." if odd["torch_error"] else f"also matched ({odd['torch_diff']:.1e})."))
+
+
+def unsharded_check(ms: dict) -> Check:
+    """On this CPU the small block is faster unsharded than split (`ms`: tp_check's forward + backward times)."""
+    held = ms["full"] < ms["kit"]
+    return Check("a block this small, faster unsharded", measured=f"unsharded {ms['full']:.2f} ms, your Column + Row "
+                 f"{ms['kit']:.2f} ms", bound="unsharded faster on this CPU", held=held, reason="" if held else
+                 "the split matmuls saved more than the allreduces cost on this run",
+                 detail=("The allreduces cost more than the split matmuls save. " if held else "")
+                 + "Tensor parallelism pays when a block's matmuls are large, on fast links (a GPU node's NVLink): "
+                   "section 10 shows what a slow link does to it")
 
 
 def schedule_checks(played: dict[str, bool], grads: dict, settings: str = "p = 2..4, m = 1, 3, 8") -> list[Check]:
@@ -129,6 +195,16 @@ def torch_check(t: dict, tol: float = TOL) -> Check:
                  reason="" if worst < tol else "torch's gradients differ from one process's on this run")
 
 
+def torch_table(mine: dict[str, dict], t: dict) -> str:
+    """Return section 7's table: your schedules' step (rows by schedule) beside torch's, its gradients' error, and
+    the formula's step."""
+    from kit.plots.mp import NAMES as names
+    lines = ["| schedule | yours: step | torch: step | torch's gradients vs one process |", "|---|---|---|---|"]
+    lines += [f"| {names[s]} | {1e3 * mine[s]['step_s']:.0f} ms | {1e3 * t['rows'][s]['step_s']:.0f} ms "
+              f"| {t['rows'][s]['err']:.1e} |" for s in ("afab", "1f1b")]
+    return "\n".join(lines) + f"\n\nThe formula's step, (m+p−1)(t_f+t_b): {1e3 * t['model_step_s']:.0f} ms."
+
+
 def hybrid_checks(dpp: dict[str, dict]) -> list[Check]:
     """DP × PP (kit.mp.hybrid.dp_pp_check per schedule) trains to one process's weights on the global batch."""
     out = []
@@ -165,6 +241,15 @@ def lever_checks(plain: dict, ckpt: dict, bf16: dict, loss32: float, loss16: flo
               detail=f"On this CPU bf16 took {bf16['ms'] / plain['ms']:.2f}× the time (a CPU with bf16 matrix "
                      "instructions gains speed, one without does not; the weights, their gradients and Adam's state "
                      "stay float32 either way)")]
+
+
+def lever_table(plain: dict, ckpt: dict, bf16: dict, loss32: float, loss16: float) -> str:
+    """Return section 9's table: activations saved, forward + backward time and the loss, per lever."""
+    return "\n".join([
+        "| | activations saved | forward + backward | loss after 20 steps |", "|---|---|---|---|",
+        f"| float32 | {_mib(plain['activations'])} | {plain['ms']:.0f} ms | {loss32:.5f} |",
+        f"| checkpointing every block | {_mib(ckpt['activations'])} | {ckpt['ms']:.0f} ms | (the same computation) |",
+        f"| bf16 autocast | {_mib(bf16['activations'])} | {bf16['ms']:.0f} ms | {loss16:.5f} |"])
 
 
 def bench_checks(x: dict) -> list[Check]:

@@ -1,0 +1,106 @@
+"""Notebook 01's sentences about its run, built from the run's numbers: the fitted model and the sweep's table
+(section 4), the CPU pipeline against the cores' floor as kit.checks values (section 5), the summary (section 7).
+
+    print(fit_line(fit)); print(sweep_table(rows, FIT_WORKERS))
+    display(Markdown(said + " " + model_note(held_out, worst_row, real, pace, FIT_WORKERS, ROUNDS)))
+    Markdown(cpu_note(f, kr, cap, floor) + "\\n\\n" + kit.checks.markdown(cpu_checks(gain, with_workers, floor, ...)))
+"""
+from __future__ import annotations
+
+from kit.checks import Check
+from kit.data.lesson import SPEEDUP      # the workers paid off at this many times W = 0's samples/s
+
+FLOOR_TOL = 0.05     # the fastest step with workers may beat the cores' floor by this share (timing noise)
+NAMES = {"t_compute_alone": "t_compute with loading in the loop (W=0)", "t_compute": "t_compute beside workers"}
+
+
+def _ws(workers) -> str:
+    return ", ".join(map(str, workers))
+
+
+def fit_line(fit: dict) -> str:
+    """Return the fitted model's times (ms) and core count as one line."""
+    return (", ".join(f"{NAMES.get(k, k)} = {1e3 * v:.1f} ms" for k, v in fit.items() if k != "cores")
+            + f", cores = {fit['cores']}")
+
+
+def sweep_table(rows: list[dict], fitted) -> str:
+    """Return the sweep's table: per W the samples/s (and their range over the rounds), busy, wait, step, the
+    model's step and its error, the runs in `fitted` marked."""
+    lines = [f"{'W':>3} {'samples/s':>10} {'per round':>11} {'busy':>6} {'wait ms':>8} {'step ms':>8} "
+             f"{'model ms':>9} {'error':>6}"]
+    for r in rows:
+        seen = "  (fitted)" if r["workers"] in fitted else ""
+        per_round = [s for s, _ in r["rounds"]]
+        lines.append(f"{r['workers']:>3} {r['samples_per_s']:>10.0f} "
+                     f"{f'{min(per_round):.0f}-{max(per_round):.0f}':>11} {r['busy']:>6.0%} {r['wait_ms']:>8.1f} "
+                     f"{r['step_ms']:>8.1f} {r['predicted_ms']:>9.1f} {r['model_error']:>6.0%}{seen}")
+    return "\n".join(lines)
+
+
+def model_note(held_out: list[dict], worst_row: dict, real: list[int], pace: float, fitted, rounds: int) -> str:
+    """Return what the fit predicted: the held-out W's worst error against the rounds' spread, and which held-out
+    W tested t_load / W_eff (`real`) and which only echoed the fitted step time `pace` (s)."""
+    worst, spread = worst_row["model_error"], worst_row["step_spread"]
+    text = (f"Fitted to the W = {' and '.join(map(str, fitted))} runs, the model predicted the step time of "
+            f"W = {_ws(r['workers'] for r in held_out)} within {worst:.0%} (worst case).")
+    if rounds != 1:
+        text += (f" That worst error is {'beyond' if worst > spread else 'within'} the spread of the step time over "
+                 f"the rounds ({spread:.0%} at W = {worst_row['workers']})"
+                 + (": more than run-to-run noise, a cost the model leaves out." if worst > spread else "."))
+    text += (f" At W = {_ws(real)} the loader's side set the pace: a real prediction." if real else
+             " At no held-out W did the loader's side set the pace, so none of them tests t_load / W_eff.")
+    echo = [r["workers"] for r in held_out if r["workers"] not in real]
+    if echo:
+        text += (f" At W = {_ws(echo)} the step's side did, so the model gave the value it was fitted to at "
+                 f"W = {fitted[1]} ({1e3 * pace:.1f} ms) by construction: that checks only that the step stayed "
+                 f"as fast as there.")
+    return text
+
+
+def cpu_note(fit: dict, rows: list[dict], cap: float, floor_ms: float) -> str:
+    """Return the CPU pipeline's share of loading at W = 0, the workers its cores can feed (`cap`), the floor
+    (ms) that sets for a step with workers, and the model's error per W."""
+    share = fit["t_load"] / (fit["t_load"] + fit["t_compute_alone"])
+    errors = ", ".join(f"W={r['workers']}: {r['model_error']:.0%}" for r in rows)
+    return (f"CPU pipeline, loading {share:.0%} of its step at W = 0. The cores can feed {cap:.1f} workers "
+            f"(W_eff = min(W, {cap:.1f})), so with workers no step can be faster than "
+            f"(t_load_cpu + c_compute) / cores = {floor_ms:.0f} ms. Per worker count the model's error was {errors}.")
+
+
+def cpu_checks(gain: float, fastest: dict, floor_ms: float, cores: int, others: float,
+               speedup: float = SPEEDUP, tol: float = FLOOR_TOL) -> list[Check]:
+    """Return the CPU pipeline's two checks: the workers raised its samples/s `gain` times (at least `speedup`),
+    and its fastest step with workers (`fastest`, a table row) was no more than `tol` below the cores' floor."""
+    machine = f"other processes kept {others:.0%} of the {cores} cores busy meanwhile"
+    paid = gain >= speedup
+    workers = Check("workers on the CPU pipeline", measured=f"{gain:.1f}x its samples/s at W = 0" if paid else
+                    f"{gain:.2f}x its samples/s at W = 0 at best", bound=f"at least {speedup}x", held=paid,
+                    reason="" if paid else f"the decoders found no free core ({machine})",
+                    detail="The workers overlapped decoding with the step until the cores were full "
+                           f"({machine})" if paid else "Re-run on a quiet machine to see them help")
+    beat = (fastest["step_ms"] - floor_ms) / floor_ms
+    held = beat > -tol
+    floor = Check("the cores' floor", measured=f"the fastest step with workers was {fastest['step_ms']:.0f} ms, at "
+                                               f"W = {fastest['workers']}, {beat:+.0%} from that floor",
+                  bound=f"no faster than {floor_ms:.0f} ms, less {tol:.0%} for noise", held=held,
+                  reason="" if held else f"the step was {-beat:.0%} faster than the CPU-seconds the W = 0 run "
+                  f"measured per batch allow on {cores} cores: a batch's decoding cost less CPU in the workers than "
+                  "in the training process, or the cores were not the only ones doing the work",
+                  detail="A short run that counted the batches the workers queued while starting would beat the "
+                         "floor without any such cause: `data.measure` skips them")
+    return [workers, floor]
+
+
+def summary(rows: list[dict], best: dict, speedup: float, worst: float, fitted, traces_held: bool, prof,
+            measured: dict) -> str:
+    """Return section 7's numbered list: busy at W = 0 and at the best W (`best`, a table row) with its
+    `speedup`, the model's `worst` held-out error, the traces' verdict, and profile_loader's advice (`prof`)
+    against its `measured` stats."""
+    return (f"1. Busy at num_workers=0: {rows[0]['busy']:.0%}; the most samples/s at num_workers={best['workers']}: "
+            f"{speedup:.1f}x of num_workers=0, busy {best['busy']:.0%}.\n"
+            f"2. The model, fitted to W = {' and '.join(map(str, fitted))}, predicted the other worker counts "
+            f"within {worst:.0%}.\n"
+            f"3. The traces' data-wait share against the sweep's: {'held' if traces_held else 'did not hold'}.\n"
+            f"4. `profile_loader` recommended num_workers={prof.recommended_workers}: predicted "
+            f"{1e3 * prof.step_predicted:.0f} ms/step, measured {1e3 * measured['step']:.0f} ms/step.")

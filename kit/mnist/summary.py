@@ -1,0 +1,28 @@
+"""Notebook 04's closing summary: what its run measured, one numbered line per section (the accuracy lesson, the
+linear scaling rule, the replicas and the resume, the lab's allreduce).
+
+    Markdown(mnist.summary.measured(run, spread, lesson, base, scaled, identical=True, resumed=(12, 12),
+                                    lab=(slow, fast)))
+"""
+from __future__ import annotations
+
+from kit.checks import Check
+
+
+def measured(run: dict, spread: dict | None, lesson: list[Check], base: float, scaled: dict[int, float],
+             identical: bool, resumed: tuple[int, int], lab: tuple[dict, dict]) -> str:
+    """Return the numbered list of what the run measured: `run` and `lesson` (kit.mnist.accuracy.run_checks) against
+    the seeds `spread`; `scaled` ({k: accuracy}) against `base`; replicas `identical`; the epoch `resumed` from (of
+    how many); the allreduce's share of a step on 2 lab hosts at 1 and 10 Gbit/s (`lab`: those two runs)."""
+    n, verdict = run["workers"], ""
+    if spread:
+        where = "within or above" if lesson[0].held else "below"
+        verdict = f" ({where} one process's range over {len(spread['1_process'])} seeds)"
+    batches = ", ".join(f"×{k} {acc:.1%}" for k, acc in scaled.items())
+    slow, fast = lab
+    return (f"1. {n} workers reached {run['acc_n']:.1%} test accuracy, one process {run['acc_1']:.1%}, after "
+            f"{run['epochs']} epochs on the same {run['n_train']:,} {run['dataset']} images{verdict}.\n"
+            f"2. Linear scaling (plain SGD, same samples): batch {batches}, against {base:.1%} at the base batch.\n"
+            f"3. Replicas identical after training: {identical}; resumed from epoch {resumed[0]} of {resumed[1]}.\n"
+            f"4. On 2 lab hosts the allreduce took {slow['allreduce_share']:.0%} of a step over 1 Gbit/s links and "
+            f"{fast['allreduce_share']:.0%} over 10 Gbit/s.")

@@ -1,0 +1,80 @@
+"""kit.data.notes: notebook 01's sentences about its run, each number of the run in the text, and the CPU
+pipeline's checks (the workers' gain, the cores' floor) each made to hold and to fail, a failing one saying why."""
+from types import SimpleNamespace
+
+from kit import checks
+from kit.data import notes
+
+FIT = dict(t_load=0.0568, t_load_cpu=0.0143, t_compute=0.0300, c_compute=0.0321, t_compute_alone=0.0322,
+           t_handover=0.0018, cores=2)
+
+
+def row(w, sps, busy, step, error, spread=0.03):
+    return dict(workers=w, samples_per_s=sps, rounds=[(sps - 6, 0.1), (sps + 9, 0.1)], busy=busy, wait_ms=2.5,
+                step_ms=step, predicted_ms=31.8, model_error=error, step_spread=spread)
+
+
+ROWS = [row(0, 718, 0.36, 89.0, 0.0), row(1, 1107, 0.52, 57.8, 0.02), row(2, 1971, 0.92, 32.4, 0.02),
+        row(4, 1871, 0.93, 34.2, 0.07)]
+
+
+def test_the_fit_line_and_the_table_carry_the_runs_numbers():
+    line = notes.fit_line(FIT)
+    assert "t_load = 56.8 ms" in line and "t_compute beside workers = 30.0 ms" in line and line.endswith("cores = 2")
+    assert "t_compute with loading in the loop (W=0) = 32.2 ms" in line and "t_handover = 1.8 ms" in line
+    table = notes.sweep_table(ROWS, (0, 2)).splitlines()
+    assert table[0].split() == ["W", "samples/s", "per", "round", "busy", "wait", "ms", "step", "ms", "model", "ms",
+                                "error"]
+    assert table[2].split() == ["1", "1107", "1101-1116", "52%", "2.5", "57.8", "31.8", "2%"]
+    assert table[3].endswith("(fitted)") and not table[4].endswith("(fitted)")
+
+
+def test_the_model_note_says_which_held_out_w_was_a_real_prediction():
+    held_out = [ROWS[1], ROWS[3]]
+    text = notes.model_note(held_out, ROWS[3], [1], 0.0318, (0, 2), rounds=3)
+    assert "Fitted to the W = 0 and 2 runs" in text and "W = 1, 4 within 7% (worst case)" in text
+    assert "beyond the spread of the step time over the rounds (3% at W = 4): more than run-to-run noise" in text
+    assert "At W = 1 the loader's side set the pace" in text and "At W = 4 the step's side did" in text
+    assert "fitted to at W = 2 (31.8 ms)" in text
+    quiet = notes.model_note(held_out, ROWS[1], [], 0.0318, (0, 2), rounds=1)
+    assert "within 2% (worst case)." in quiet and "spread" not in quiet
+    assert "At no held-out W did the loader's side set the pace" in quiet and "At W = 1, 4 the step's side" in quiet
+    noisy = notes.model_note(held_out, row(4, 1871, 0.93, 34.2, 0.02, spread=0.05), [1, 4], 0.0318, (0, 2), 3)
+    assert "within the spread of the step time over the rounds (5% at W = 4)." in noisy
+    assert "the step's side" not in noisy
+
+
+def test_the_cpu_note_gives_the_loading_share_the_cap_and_each_ws_error():
+    kr = [dict(workers=w, model_error=e) for w, e in ((0, 0.0), (1, 0.05), (4, 0.12))]
+    text = notes.cpu_note(dict(t_load=0.2, t_compute_alone=0.08), kr, 1.42, 63.4)
+    assert "loading 71% of its step at W = 0" in text and "feed 1.4 workers (W_eff = min(W, 1.4))" in text
+    assert "= 63 ms" in text and "W=0: 0%, W=1: 5%, W=4: 12%" in text
+
+
+def test_the_cpu_pipelines_checks_hold_on_a_quiet_machine():
+    gained, floor = notes.cpu_checks(2.2, dict(workers=2, step_ms=66.0), 63.4, 2, 0.0)
+    assert gained.held and floor.held
+    text = checks.markdown([gained, floor])
+    assert "did not hold" not in text and "2.2x its samples/s" in text and "at least 1.2x" in text
+    assert "66 ms, at W = 2, +4% from that floor" in text and "no faster than 63 ms, less 5%" in text
+    assert "kept 0% of the 2 cores busy" in text
+
+
+def test_the_cpu_pipelines_checks_fail_with_their_reasons():
+    gained, floor = notes.cpu_checks(1.05, dict(workers=4, step_ms=57.0), 63.4, 2, 0.85)
+    assert not gained.held and not floor.held
+    text = checks.markdown([gained, floor])
+    assert text.count("**did not hold**") == 2 and "1.05x its samples/s at W = 0 at best" in text
+    assert "because the decoders found no free core (other processes kept 85% of the 2 cores busy" in text
+    assert "-10% from that floor" in text and "because the step was 10% faster than the CPU-seconds" in text
+    assert "Re-run on a quiet machine" in text
+    assert notes.cpu_checks(2.2, dict(workers=4, step_ms=61.0), 63.4, 2, 0.0)[1].held     # -4%: within the noise
+
+
+def test_the_summary_lists_the_runs_numbers_and_the_traces_verdict():
+    prof = SimpleNamespace(recommended_workers=2, step_predicted=0.038)
+    text = notes.summary(ROWS, ROWS[2], 2.74, 0.07, (0, 2), True, prof, {"step": 0.033})
+    assert "Busy at num_workers=0: 36%; the most samples/s at num_workers=2: 2.7x of num_workers=0, busy 92%" in text
+    assert "fitted to W = 0 and 2, predicted the other worker counts within 7%" in text
+    assert "sweep's: held." in text and "recommended num_workers=2: predicted 38 ms/step, measured 33 ms/step" in text
+    assert "sweep's: did not hold." in notes.summary(ROWS, ROWS[2], 2.74, 0.07, (0, 2), False, prof, {"step": 0.033})

@@ -1,0 +1,113 @@
+"""Notebook 04's prose from its runs' numbers: the linear scaling rule's and the accuracy lesson's checks
+(kit.mnist.accuracy), the elastic run's account (kit.mnist.elastic.note) and the closing summary
+(kit.mnist.summary), on synthetic numbers; every check made to hold and to fail."""
+from kit.checks import markdown
+from kit.mnist import BATCH, accuracy, elastic, summary
+
+RUN = dict(workers=2, epochs=12, n_train=6000, dataset="fashion_mnist", acc_n=0.867, acc_1=0.864, steps_n=24,
+           steps_1=47, seconds_n=39.2, seconds_1=66.4)
+SEEDS = {"2_workers": [0.861, 0.862, 0.863], "1_process": [0.860, 0.864, 0.868]}        # median within: held
+BEHIND = {"2_workers": [0.850, 0.852, 0.861], "1_process": [0.860, 0.864, 0.868]}       # median 85.2% below 86.0%
+
+
+def test_the_scaling_rule_holds_within_two_points_and_says_why_it_broke():
+    held, broke = accuracy.scaling_checks(0.97, {4: 0.98, 16: 0.793}, 8, 0.1, 8000)
+    assert held.held and not broke.held
+    text = accuracy.scaling_note(0.97, {4: 0.945, 16: 0.824}, {4: 0.98, 16: 0.793}, 8, 0.1, 8000)
+    for number in ("8,000 samples", "batch 8 reached 97.0%", "×4 reached 94.5%", "×16 reached 82.4%", "98.0%",
+                   "79.3%", "within 2 points of the base batch's 97.0%"):
+        assert number in text
+    assert "**the linear scaling rule at batch ×4** held" in text
+    assert "**the linear scaling rule at batch ×16** **did not hold**" in text
+    assert "62 steps of 128 samples at learning rate 1.6 fell 17.7 points short of 1,000 steps of 8 at 0.1" in text
+    assert "did not hold" not in accuracy.scaling_note(0.97, {4: 0.9}, {4: 0.955}, 8, 0.1, 8000)   # 1.5 points
+
+
+def test_the_lesson_held_on_this_run_and_over_the_seeds():
+    checks = accuracy.run_checks(RUN, SEEDS)
+    assert [c.held for c in checks] == [True, True]
+    text = accuracy.run_note(RUN, SEEDS, checks)
+    for number in ("12 epochs on 6,000 fashion_mnist images", "**2 workers 86.7%**", "**one process 86.4%**",
+                   f"24 steps of 2 × {BATCH} images", f"47 steps of {BATCH} per epoch", "39 s", "66 s", "+0.3 points",
+                   "trained 3 seeds", "2 workers 86.1%–86.3%", "one process 86.0%–86.8%", "at least 86.0%"):
+        assert number in text
+    assert "did not hold" not in text and "fell outside" not in text and "TRAIN_SAMPLES" not in text
+
+
+def test_the_lesson_did_not_hold_on_this_run_says_why_and_what_more_epochs_showed():
+    run = dict(RUN, acc_n=0.851, acc_1=0.870)                                # below 86.0%, one process above range
+    checks = accuracy.run_checks(run, SEEDS)
+    assert [c.held for c in checks] == [False]
+    text = accuracy.run_note(run, SEEDS, checks)
+    assert "on this run** **did not hold**" in text
+    assert "the job took 288 optimizer steps against one process's 564 (2× fewer" in text
+    assert "This run's one process (87.0%) fell outside that range: 3 seeds" in text
+    assert "`TRAIN_SAMPLES = None`" in text                                     # no long runs to say more
+    caught = {"epochs": 48, "2_workers": [0.88, 0.881, 0.882], "1_process": [0.879, 0.881, 0.883]}
+    checks = accuracy.run_checks(run, {**SEEDS, "long": caught})
+    assert [c.held for c in checks] == [False, True]
+    text = accuracy.run_note(run, {**SEEDS, "long": caught}, checks)
+    assert "**with 4× the epochs (48) the workers catch up** held: 2 workers 88.0%–88.2%" in text
+    assert "12 epochs on these images stop short of that" in text and "TRAIN_SAMPLES" not in text
+    behind = {"epochs": 48, "2_workers": [0.85, 0.86, 0.88], "1_process": [0.879, 0.881, 0.883]}
+    long = accuracy.long_check(behind, 12, 2)
+    assert not long.held and "their 2-worker median, 86.0%, is below one process's range" in markdown([long])
+
+
+def test_the_lesson_held_here_but_not_over_the_seeds():
+    checks = accuracy.run_checks(RUN, BEHIND)
+    assert [c.held for c in checks] == [True, False]
+    text = accuracy.run_note(RUN, BEHIND, checks)
+    assert "over the benchmark's seeds** **did not hold**" in text
+    assert "their 2-worker median, 85.2%, is below one process's range" in text
+    assert "This run fell on the good side of the spread." in text
+    assert "`TRAIN_SAMPLES = None`" in text
+
+
+def test_the_lesson_without_seeds_says_one_run_cannot_tell():
+    assert accuracy.run_checks(RUN, None) == []
+    text = accuracy.run_note(RUN, None, [])
+    assert "holds no seeds" in text and "**2 workers 86.7%**" in text and "did not hold" not in text
+
+
+def test_the_control_arm_is_told_when_the_seeds_have_one():
+    seeds = {**SEEDS, accuracy.CONTROL: [0.861, 0.862, 0.864]}
+    text = accuracy.run_note(RUN, seeds, accuracy.run_checks(RUN, seeds))
+    assert "The benchmark's control arm: one process trained as the 2 workers are" in text
+
+
+ELASTIC = {"seconds_to_carry_on": 21.04, "commit_every": 10, "seconds_to_rejoin": 7.62,
+           "batches_at_size": {1: 90, 2: 529}, "final_accuracy": 0.9104}
+
+
+def test_the_elastic_note_tells_the_runs_numbers():
+    text = elastic.note(ELASTIC, "This run", 25, 5, (21.03, 6.49))
+    for number in ("This run, h2's link was cut after 25 batches", f"({elastic.GLOO_TIMEOUT} s here",
+                   "alone 21.0 s after the cut", "the 5 batches done", "one every 10", "7.6 s after the restore",
+                   "21.0 s around the cut", "6.5 s when h2 came back", "90 batches ran on h1 alone and 529 on both",
+                   "was 91.0%", "here 5."):
+        assert number in text
+    assert "the 1 batch done" in elastic.note(ELASTIC, "This run", 25, 1, (21.0, 6.5))
+    assert "driver_exit" not in text
+    stored = {**ELASTIC, "batches_at_size": {"1": 90, "2": 529}}              # results/elastic.json's keys
+    assert "90 batches ran on h1 alone and 529 on both" in elastic.note(stored, "In that run", 25, 5, (21.0, 6.5))
+
+
+def test_the_elastic_note_says_how_horovodrun_exited_when_not_cleanly():
+    assert "did not exit, and the kit stopped it" in elastic.note({**ELASTIC, "driver_exit": -9}, "x", 25, 5, (1, 1))
+    assert "exited with status 1: a worker" in elastic.driver_note(1)
+    assert elastic.driver_note(0) == elastic.driver_note(None) == ""
+
+
+def test_the_summary_lists_what_the_run_measured():
+    lab = ({"allreduce_share": 0.36}, {"allreduce_share": 0.204})
+    text = summary.measured(RUN, SEEDS, accuracy.run_checks(RUN, SEEDS), 0.97, {4: 0.98, 16: 0.793},
+                            identical=True, resumed=(12, 12), lab=lab)
+    for number in ("1. 2 workers reached 86.7% test accuracy, one process 86.4%, after 12 epochs on the same 6,000",
+                   "(within or above one process's range over 3 seeds)", "batch ×4 98.0%, ×16 79.3%, against 97.0%",
+                   "identical after training: True; resumed from epoch 12 of 12", "36% of a step", "20% over"):
+        assert number in text
+    below = dict(RUN, acc_n=0.85)
+    assert "(below one process's range" in summary.measured(below, SEEDS, accuracy.run_checks(below, SEEDS), 0.97,
+                                                             {4: 0.98}, False, (11, 12), lab)
+    assert "seeds)" not in summary.measured(RUN, None, [], 0.97, {4: 0.98}, True, (12, 12), lab)
