@@ -17,6 +17,7 @@ import os
 import time
 
 from kit import scratch, sysinfo
+from kit.env import machine_id
 from kit.cluster import engines, guard, launchers, live, remote, stall
 from kit.cluster import slurm as kit_slurm
 from kit.cluster.checks import Hosts, check_start
@@ -154,10 +155,11 @@ class Cluster(guard.Refusing):
         while not async_result.ready() and (deadline is None or time.time() < deadline):
             if self._controller is not None:
                 raise self.refusal()
-            # engines behind a cut link never answer: once some part failed, look for lost ranks
+            # a dead engine is noted as it exits (_watch_engines; its peers may wait out the group's timeout); engines
+            # behind a cut link never answer: once some part failed, look for lost ranks
             failed = any(isinstance(self._client.results.get(m), Exception) for m in async_result.msg_ids)
             lost = self.launcher.lost_now(self.slots, after=self.timeout / 2) if self.slots else {}
-            if lost or (failed and self.poll_dead()):
+            if lost or self.dead or (failed and self.poll_dead()):
                 raise self.died_error(lost)
             async_result.wait(1.0 if deadline is None else max(0.0, min(1.0, deadline - time.time())))
         try:
@@ -269,6 +271,7 @@ class Cluster(guard.Refusing):
         self.slots = assign_slots({e: info[e]["host"] for e in ids})
         self.launcher.check_slots(self.slots, info)
         self._pids = {self.slots[e].rank: info[e]["pid"] for e in sorted(ids, key=lambda e: self.slots[e].rank)}
+        self._here = {self.slots[e].rank for e in ids if info[e].get("machine") == machine_id()}   # pids we can watch
         local_size = max(s.local_size for s in self.slots.values())
         self.gpus, notice = plan_devices(sysinfo.visible_gpus(), local_size, self.devices, self.share_gpus)
         if notice and not self.quiet:
@@ -299,7 +302,7 @@ class Cluster(guard.Refusing):
         """Note each engine's death the moment it happens, so the first to die is named first."""
         def died(rank):
             self.dead.setdefault(rank, self._how_it_died(rank))
-        self._stop_w = engines.watch_deaths(self._pids, died)
+        self._stop_w = engines.watch_deaths({r: p for r, p in self._pids.items() if r in self._here}, died)
 
     def _how_it_died(self, rank: int) -> str:
         pid = self._pids[rank]
