@@ -111,8 +111,24 @@ def test_the_bucket_check_fails_when_fewer_messages_are_slower():
 def test_the_model_check_fails_when_the_saving_is_far_from_the_models():
     x = _ddp_run()
     many, few = lessons.bucket_extremes(x)
-    few["step_ms"] = many["step_ms"] - 0.1 * (many["model_comm_ms"] - few["model_comm_ms"])   # 0.1× the model
-    assert "processes share 7 cores" in _failed(lessons.model_check(x, cores=7))
+    model = many["model_comm_ms"] - few["model_comm_ms"]
+    few["step_ms"] = many["step_ms"] - 0.1 * model                                   # 0.1× the model's saving
+    assert f"the step saved less than the model's {model:.1f} ms" in _failed(lessons.model_check(x, cores=7))
+    few["step_ms"] = many["step_ms"] - 10 * model                                    # 10×: each call waited for a core
+    fewer = many["calls"] - few["calls"]
+    said = _failed(lessons.model_check(x, cores=7))
+    assert f"each allreduce fewer saved {10 * model / fewer:.1f} ms" in said and "share 7 cores" in said
+    few["step_ms"] = many["step_ms"] - 1.5 * model
+    assert lessons.model_check(x, cores=7).held
+
+
+def test_the_model_check_says_where_its_alpha_came_from():
+    x = {**_ddp_run(), "alpha_s": 250e-6, "alpha_pingpong_s": 47e-6, "N": 3,
+         "allreduce_1float": {"seconds": 1e-3, "range": [0.6e-3, 3e-3], "repeats": 20}}
+    detail = lessons.model_check(x, cores=2).detail
+    assert "α = 250 µs as an allreduce pays it here (one float among the 3 engines took 1000 µs, median of 20 " \
+           "calls, 600–3000, over its 2(N−1) = 4 messages in sequence; the ping-pong between two engines gave 47 µs)" \
+           in detail
 
 
 def test_the_overlap_and_fp16_checks_fail_when_their_numbers_say_so():

@@ -100,6 +100,17 @@ def test_tiny_benchmark_gives_its_rows_and_summary(tmp_path, cluster3):
     assert schemes.table(doc).count("\n") == len(doc["rows"]) + 1
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.engines
+def test_alpha_as_an_allreduce_pays_it_is_its_median_call_over_2_n_minus_1(cluster3):
+    """The bucket model's α (kit.ddp.experiment): an allreduce of one float among the engines, per message."""
+    from kit.comm import costmodel
+    ar = costmodel.measure_allreduce_alpha(cluster3, repeats=5)
+    lo, hi = ar["range"]
+    assert 0 < lo <= ar["seconds"] <= hi and ar["repeats"] == 5
+    assert ar["alpha"] == pytest.approx(ar["seconds"] / (2 * (cluster3.size - 1)))
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.engines
 def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):

@@ -72,7 +72,7 @@ def mnist_lab(x: dict) -> list[str]:
 def ddp(x: dict) -> list[str]:
     """Return the schemes table, ZeRO's stages, the Horovod note, the setup, the machine, the sweep, the checks."""
     from kit.checks import markdown
-    from kit.ddp.lessons import all_checks
+    from kit.ddp.lessons import alpha_words, all_checks
     from kit.ddp.memory import memory_table
     from kit.ddp.horovod import horovod_note
     from kit.ddp.schemes import table
@@ -85,7 +85,7 @@ def ddp(x: dict) -> list[str]:
             f"{cfg['batch']} samples",
             f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
             f"({x['seconds']:.0f} s)",
-            f"α = {x['alpha_s'] * 1e6:.0f} µs and B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s", sweep,
+            f"B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s (ping-pong on the job) and {alpha_words(x)}", sweep,
             markdown(all_checks(x, m["cpu_cores"]), details=False)]
 
 

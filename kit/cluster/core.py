@@ -16,8 +16,7 @@ import contextlib
 import os
 import time
 
-from kit import scratch, sysinfo
-from kit.env import machine_id
+from kit import env, scratch, sysinfo
 from kit.cluster import engines, guard, launchers, live, remote, stall
 from kit.cluster import slurm as kit_slurm
 from kit.cluster.checks import Hosts, check_start
@@ -60,8 +59,7 @@ class Cluster(guard.Refusing):
         self._procs: dict[int, int] = {}      # pid -> start ticks, of every process the start made
         self._pids, self._outputs = {}, {}    # rank -> engine pid; engine pid -> its output file (local engines)
         self._marks: dict[int, int] = {}      # engine pid -> size of its output file when its last task was sent
-        self._stop_w = self._ctl_w = None
-        self._before: dict[int, float] = {}
+        self._stop_w, self._ctl_w, self._before = None, None, {}    # _before: pid -> start ticks before the start
         self._state, self.started_at, self._stopped_at = "new", "", ""   # new, starting, running, stopped
         self._controller: tuple[int, str] | None = None     # (pid, when it died) once the controller is gone
         self._pending, self.from_cell = guard.Pending(), False   # from_cell: started by a cell's own call (live)
@@ -155,8 +153,7 @@ class Cluster(guard.Refusing):
         while not async_result.ready() and (deadline is None or time.time() < deadline):
             if self._controller is not None:
                 raise self.refusal()
-            # a dead engine is noted as it exits (_watch_engines; its peers may wait out the group's timeout); engines
-            # behind a cut link never answer: once some part failed, look for lost ranks
+            # dead engines: noted as they exit (_watch_engines); behind a cut link: looked for once a part failed
             failed = any(isinstance(self._client.results.get(m), Exception) for m in async_result.msg_ids)
             lost = self.launcher.lost_now(self.slots, after=self.timeout / 2) if self.slots else {}
             if lost or self.dead or (failed and self.poll_dead()):
@@ -271,7 +268,7 @@ class Cluster(guard.Refusing):
         self.slots = assign_slots({e: info[e]["host"] for e in ids})
         self.launcher.check_slots(self.slots, info)
         self._pids = {self.slots[e].rank: info[e]["pid"] for e in sorted(ids, key=lambda e: self.slots[e].rank)}
-        self._here = {self.slots[e].rank for e in ids if info[e].get("machine") == machine_id()}   # pids we can watch
+        self._here = {self.slots[e].rank for e in ids if info[e].get("machine") == env.machine_id()}   # watchable pids
         local_size = max(s.local_size for s in self.slots.values())
         self.gpus, notice = plan_devices(sysinfo.visible_gpus(), local_size, self.devices, self.share_gpus)
         if notice and not self.quiet:

@@ -254,3 +254,27 @@ def measure_alpha_beta(cluster, sizes=DEFAULT_SIZES, repeats: int = 20, pin: boo
     alpha, B = fit_alpha_beta(list(res), seconds)
     return {"alpha": alpha, "B": B, "sizes": list(res), "seconds": seconds,
             "B_max": {h: float(np.median(f)) for h, f in fans.items()}}
+
+
+def allreduce_seconds(repeats: int = 20) -> list[float]:
+    """On every engine: time `repeats` allreduces of one float (torch.distributed, a barrier before each, 2 warm-up
+    calls); return this rank's seconds per call. Almost no bytes: the time is what an allreduce pays per call."""
+    import torch
+    import torch.distributed as dist
+    x, out = torch.zeros(1), []
+    for i in range(repeats + 2):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        out.append(time.perf_counter() - t0)
+    return out[2:]
+
+
+def measure_allreduce_alpha(cluster, repeats: int = 20) -> dict:
+    """α as an allreduce pays it on these engines: the median over calls of the slowest rank's time for an allreduce
+    of one float, over the ring's 2(N−1) messages in sequence. Return alpha, the call's seconds and their range."""
+    per_rank = cluster.wait(cluster.view.apply_async(allreduce_seconds, repeats))
+    calls = np.max(per_rank, axis=0)                      # each call ends when its slowest rank does
+    seconds = float(np.median(calls))
+    return {"alpha": seconds / (2 * (cluster.size - 1)), "seconds": seconds,
+            "range": [float(calls.min()), float(calls.max())], "repeats": repeats}

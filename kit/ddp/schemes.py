@@ -190,7 +190,8 @@ class _nothing:
 def experiment(cluster=None, n: int = 3, cfg: dict | None = None, names: list[str] | None = None,
                alpha_beta: bool = True) -> dict:
     """Run every scheme on the engines of `cluster` (or of a gloo job of n engines started, and stopped, here);
-    with alpha_beta, also measure α and B by ping-pong (kit.comm.costmodel). Return the rows and settings."""
+    with alpha_beta, also measure B by ping-pong and α as an allreduce of one float pays it on these engines
+    (kit.comm.costmodel; the ping-pong's own α is kept beside it). Return the rows and settings."""
     from kit import cluster as kc
     cfg = {**CFG, **(cfg or {})}
     names = names or all_schemes()
@@ -201,6 +202,9 @@ def experiment(cluster=None, n: int = 3, cfg: dict | None = None, names: list[st
             cluster.init_process_group()
         per_rank = cluster.wait(cluster.view.apply_async(run_schemes, names, cfg))
         ab = costmodel.measure_alpha_beta(cluster, repeats=5, rounds=1) if alpha_beta else None
+        if ab is not None:                      # the model's α: what each allreduce pays here, not one message
+            ab["allreduce"] = costmodel.measure_allreduce_alpha(cluster)
+            ab["pingpong_alpha"], ab["alpha"] = ab["alpha"], ab["allreduce"]["alpha"]
         N = cluster.size
     finally:
         if own and cluster is not None:
@@ -209,7 +213,8 @@ def experiment(cluster=None, n: int = 3, cfg: dict | None = None, names: list[st
     K = sum(p.numel() * p.element_size() for p in model.parameters())
     rows = [scheme_row(name, [r[i] for r in per_rank], N, K, ab) for i, name in enumerate(names)]
     return {"N": N, "cfg": cfg, "K": K, "tensors": len(list(model.parameters())), "rows": rows,
-            "alpha_s": ab and ab["alpha"], "B_bytes_per_s": ab and ab["B"], "cores": os.cpu_count()}
+            "alpha_s": ab and ab["alpha"], "B_bytes_per_s": ab and ab["B"], "cores": os.cpu_count(),
+            "alpha_pingpong_s": ab and ab["pingpong_alpha"], "allreduce_1float": ab and ab["allreduce"]}
 
 
 def scheme_row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
