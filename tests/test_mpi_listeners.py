@@ -33,8 +33,11 @@ def _mpiexec(*args, seconds=1):
 
 @pytest.mark.timeout(300)
 def test_prterun_cannot_yet_be_kept_off_the_wildcard_addresses(no_leaks):
-    p = _mpiexec("--prtemca", "prte_if_include", "lo", "--prtemca", "oob_tcp_disable_ipv6", "1")
-    out, _ = p.communicate(timeout=240)
+    for _ in range(3):       # under load prterun once exited 213 and printed nothing: ask again
+        p = _mpiexec("--prtemca", "prte_if_include", "lo", "--prtemca", "oob_tcp_disable_ipv6", "1")
+        out, _ = p.communicate(timeout=240)
+        if p.returncode == 0 or out.strip():
+            break
     assert p.returncode != 0 and "No network interfaces were found for out-of-band communications" in out, (
         "prterun started with only loopback: the PRRTE fix (openpmix/prrte#2788) has arrived, see this module's "
         f"docstring. Its output: {out[-2000:]}")
