@@ -72,20 +72,21 @@ def test_the_check_with_the_lab_names_what_the_job_left_on_its_hosts(monkeypatch
 
 def test_the_verdict_says_what_the_run_did_and_why_it_did_not_hold():
     run = {**copy.deepcopy(CUT_RUN), "outputs": {"h1": "x" * 5000 + "the end of h1"}}
-    ok = torchrun.run_check(run, None)
+    ok = torchrun.run_check(run, torchrun.claims(run))
     text = checks.markdown([ok])
     assert ok.held and "world sizes 3 → 2, 1 restart(s), resumed from step 8, last step 24 of 24" in text
     assert "the job loses h3, restarts on h1 and h2 from its last checkpoint and finishes" in text
     assert torchrun.h1_output(run, ok.held) == ""
     run["exit"]["h2"] = 1
-    with pytest.raises(AssertionError) as e:
-        torchrun.check(run)
-    bad = torchrun.run_check(run, str(e.value))
+    broken = torchrun.claims(run)
+    with pytest.raises(AssertionError, match=r"exit codes \{'h1': 0, 'h2': 1, 'h3': None\}"):
+        torchrun.check(run)                                # check() raises with the same claims
+    bad = torchrun.run_check(run, broken)
     text = checks.markdown([bad])
     assert not bad.held and "**did not hold** on this run: world sizes 3 → 2" in text
     assert "because exit codes {'h1': 0, 'h2': 1, 'h3': None}: every host but the cut one" in text
     tail = torchrun.h1_output(run, bad.held)
     assert "torchrun's own output on h1 (the end)" in tail and tail.endswith("the end of h1\n```")
     assert len(tail) < 3100                                # the last 3,000 characters only
-    two = torchrun.run_check(run, f"{torchrun.CONTRADICTS}\n- first claim\n- second claim")
+    two = torchrun.run_check(run, ["first claim", "second claim"])
     assert two.reason == "first claim; second claim"

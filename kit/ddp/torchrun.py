@@ -4,7 +4,7 @@ h1; a host cut mid-run ends in torchrun's elastic restart on the others (resumed
     run = kit.ddp.torchrun.run_on_lab(lab, steps=40)                        # 3 hosts, 3 nodes, one rank each
     run = kit.ddp.torchrun.run_on_lab(lab, steps=40, cut="h3", cut_after=10)  # --nnodes=2:3: carry on with 2
     run["events"]          # rank 0's log: per step its world size, torchrun's restart count, the loss
-    c = kit.ddp.torchrun.run_check(run, broken)   # the verdict as a kit.checks.Check (broken: check()'s message)
+    c = kit.ddp.torchrun.run_check(run, kit.ddp.torchrun.claims(run, lab))   # the verdict as a kit.checks.Check
 
 The training (`python -m kit.ddp.torchrun`, what torchrun starts on each node) is notebook 05's MLP under
 `DistributedDataParallel` over Gloo (kit.ddp.schemes' model and batches), with a checkpoint on the shared file system
@@ -109,14 +109,14 @@ def summarize(run: dict) -> dict:
             "final_loss": steps[-1]["loss"] if steps else None}
 
 
-def check(run: dict, lab=None) -> None:
-    """Raise AssertionError naming each claim of notebook 05's torchrun section that `run` (from `run_on_lab`)
-    breaks. Every run: the hosts that were not cut ended with exit code 0, rank 0 (which logs) sat on h1, the rendezvous
-    host, and the job trained every step and ended. Without a cut: one world of every host, no restart. With a cut:
-    the world went from every host to one fewer, through at least one restart, and the first restart resumed
-    from the last checkpoint (a multiple of `ckpt_every`, from the cut's step to one interval on: rank 0 polls
-    its log and the survivors train until their allreduce times out). With `lab` (the run's, still up): no process
-    of the job is left on its hosts."""
+def claims(run: dict, lab=None) -> list[str]:
+    """Return each claim of notebook 05's torchrun section that `run` (from `run_on_lab`) breaks, one sentence each
+    ([] when the lesson holds). Every run: the hosts that were not cut ended with exit code 0, rank 0 (which logs)
+    sat on h1, the rendezvous host, and the job trained every step and ended. Without a cut: one world of every
+    host, no restart. With a cut: the world went from every host to one fewer, through at least one restart, and
+    the first restart resumed from the last checkpoint (a multiple of `ckpt_every`, from the cut's step to one
+    interval on: rank 0 polls its log and the survivors train until their allreduce times out). With `lab` (the
+    run's, still up): no process of the job is left on its hosts."""
     bad, s, n = [], summarize(run), run["nnodes"]
     if lab is not None:
         if left := lab.jobs_left():
@@ -140,26 +140,26 @@ def check(run: dict, lab=None) -> None:
         if first is None or first % every or not at <= first <= at + every:
             bad.append(f"the first restart resumed from step {first}, not the last checkpoint (a multiple of "
                        f"{every} from {at}, the cut's step, to {at + every})")
-    if bad:
+    return bad
+
+
+def check(run: dict, lab=None) -> None:
+    """Raise AssertionError naming each claim of the section that `run` breaks (see claims), one a line."""
+    if bad := claims(run, lab):
         raise AssertionError(f"{CONTRADICTS}\n- " + "\n- ".join(bad))
 
 
-def run_check(run: dict, broken: str | None) -> Check:
+def run_check(run: dict, broken: list[str]) -> Check:
     """Return the section's verdict on `run` as a Check: its world sizes, restarts, resumed and last steps against
     the lesson (the cut host lost, the others restarted from the last checkpoint and finished); `broken` is
-    check()'s message (each claim the run breaks) or None when it held."""
+    claims(run, lab), the claims the run breaks ([] when it held), joined by "; " as the reason."""
     s, kept = summarize(run), [h for h in run["exit"] if h != run["cut"]]
     hosts = " and ".join([", ".join(kept[:-1]), kept[-1]]) if len(kept) > 1 else "".join(kept)
     measured = (f"world sizes {' → '.join(map(str, s['world_sizes']))}, {s['restarts']} restart(s), resumed from "
                 f"step {', '.join(map(str, s['resumed_from'])) or '—'}, last step {s['last_step']} of {run['steps']}")
     bound = (f"the job loses {run['cut']}, restarts on {hosts} from its last checkpoint and finishes" if run["cut"]
              else f"one world of {hosts}, no restart, every step trained")
-    reason = ""
-    if broken is not None:     # check()'s claims, one a line after its first: "; " between them
-        head, _, claims = broken.partition("\n- ")
-        reason = (claims.replace("\n- ", "; ") if head == CONTRADICTS else " ".join(broken.split())) or \
-            "check() named no claim"
-    return Check("torchrun", measured=measured, bound=bound, held=broken is None, reason=reason)
+    return Check("torchrun", measured=measured, bound=bound, held=not broken, reason="; ".join(broken))
 
 
 def h1_output(run: dict, held: bool, chars: int = 3000) -> str:
