@@ -84,6 +84,14 @@ def test_the_finish_check_holds_within_its_tolerance_and_names_each_ranks_differ
     assert "per rank were 1.0e-07, 2.0e-03, 2.0e-07" in text
 
 
+def test_the_zero_step_check_wants_one_process_weights_and_a_shard_of_momentum_per_rank():
+    ok = lessons.zero_step_check([2e-7, 1e-7, 3e-7], [4, 4, 4], numel=10)
+    assert ok.held and "momentum per rank: 4, 4, 4 of 10 elements" in checks.markdown([ok])
+    text = _failed(lessons.zero_step_check([2e-7, 4e-2, 3e-7], [10, 4, 4], numel=10))
+    assert "rank 1's weights differ by 4.0e-02" in text and "rank 0 kept momentum for 10 elements, not 4" in text
+    assert "rank 2" not in text.split("because")[1]
+
+
 # ----------------------------------------------------------------------------------- sections 4-7 (kit.ddp.lessons)
 def test_every_lesson_holds_or_fails_on_the_recorded_run_as_its_numbers_say():
     x = _ddp_run()
@@ -106,6 +114,19 @@ def test_the_bucket_check_fails_when_fewer_messages_are_slower():
     many, few = lessons.bucket_extremes(x)
     few["step_ms"] = many["step_ms"] + 5
     assert f"{few['label']} took {few['step_ms']:.1f} ms" in _failed(lessons.buckets_check(x))
+
+
+def test_the_bucket_check_wants_the_difference_outside_the_steps_spread():
+    x = _ddp_run()
+    many, few = lessons.bucket_extremes(x)
+    many.update(step_ms=30.0, steps_ms=[24.0, 29.0, 30.0, 31.0, 38.0])
+    few.update(step_ms=28.0, steps_ms=[22.0, 27.0, 28.0, 32.0, 37.0])           # a lower median, the same spread
+    assert lessons.win_rate(few["steps_ms"], many["steps_ms"]) == 0.6
+    said = _failed(lessons.buckets_check(x))
+    assert "the shorter in only 60% of the pairs of timed steps: the 2.0 ms between the medians" in said
+    few.update(steps_ms=[22.0, 23.0, 28.0, 28.5, 29.0])
+    ok = lessons.buckets_check(x)
+    assert ok.held and "the shorter in 86% of the pairs" in checks.markdown([ok])
 
 
 def test_the_model_check_fails_when_the_saving_is_far_from_the_models():
@@ -161,8 +182,13 @@ def test_zero1s_memory_check_fails_when_its_step_holds_a_full_flat_copy():
 def test_the_memory_table_puts_each_zero_stage_beside_its_formula():
     x = _ddp_run()
     rows = memory.memory_table(x).splitlines()[2:]
-    assert len(rows) == 4 and "not implemented here" in rows[2]         # stage 2: formula only
-    assert f"| 3 | + parameters (FSDP) | {1 / x['N']:.3f} |" in rows[3]
+    assert "not implemented here" in rows[2]                             # stage 2: formula only
+    layer = 2 * memory.unit_bytes(x) / (3 * x["K"])                      # FSDP2: one layer unsharded beside the shards
+    assert f"| 3 | + parameters (FSDP) | {1 / x['N']:.3f} + {layer:.3f} (one layer unsharded) |" in rows[3]
+    ddp = next(r["scheme"] for r in x["rows"] if r["scheme"].startswith("ddp:"))   # stage 0's row
+    others = [r for r in x["rows"] if "peak" in r and r["scheme"] not in ("local", "zero", "fsdp", ddp)]
+    assert len(rows) == 4 + len(others) and all(f"| 0 | nothing | 1.000 | {r['label']} |" in row
+                                                for r, row in zip(others, rows[4:]))
     assert memory.formula(1, 4) == pytest.approx((2 + 0.25) / 3) and memory.formula(3, 4) == 0.25
 
 

@@ -165,6 +165,13 @@ def test_exercise_3_grades_the_server_never_wins_as_wrong_when_it_does():
     # A server that pays its messages one after another (o = alpha) never wins: then False and 0 are right.
     serial = lambda K: cm.t_comm_ps(N, K, alpha, B, o=alpha) - cm.t_comm_ring(N, K, alpha, B)  # noqa: E731
     assert check_ring_vs_ps(serial, 0, False, alpha, alpha, B, N) == "exercise 3: correct"
+    # ... unless each of the ring's messages pays more than alpha (the lab's a_ring): then the server wins small K.
+    a_ring = 7 * alpha
+    lab_gap = lambda K: cm.t_comm_ps(N, K, alpha, B, o=alpha) - cm.t_comm_ring(N, K, a_ring, B)  # noqa: E731
+    lab_k = float(cm.crossover_bytes(N, alpha, B, alpha, alpha_ring=a_ring))
+    assert lab_k > 0 and check_ring_vs_ps(lab_gap, lab_k, True, alpha, alpha, B, N, a_ring) == "exercise 3: correct"
+    assert "crossover K wrong" in check_ring_vs_ps(lab_gap, 0, False, alpha, alpha, B, N, a_ring)
+    assert "t_ps - t_ring wrong" in check_ring_vs_ps(serial, lab_k, True, alpha, alpha, B, N, a_ring)
 
 
 def test_latency_table_fits_the_servers_empty_steps(monkeypatch):
@@ -195,7 +202,14 @@ def test_notebook_02s_checkers_accept_the_right_answers_and_reject_wrong_ones():
     assert ex.check_k_star(k, alpha, B, Kb, c, o) == "exercise 3: correct"
     assert "too few" in ex.check_k_star(k - 1, alpha, B, Kb, c, o)
     assert "more than needed" in ex.check_k_star(k + 1, alpha, B, Kb, c, o)
-    run = SimpleNamespace(servers=[{"staleness": [0] * 6, "from": [0, 1, 2, 0, 1, 2]}],
+    # worker 0 the straggler: updates 0-4 while all push (the last from another worker is update 4), then only 0
+    run = SimpleNamespace(servers=[{"staleness": [0, 1, 2, 3, 1, 0, 0], "from": [1, 0, 2, 1, 2, 0, 0]}],
                           config=SimpleNamespace(workers=3, batch=120))
-    assert ex.check_async_counts(6, 2, 40, run) == "exercise 4: correct"
-    assert ex.check_async_counts(2, 2, 40, run) == "exercise 4: wrong"
+    assert ex.staleness_while_all_push(run, 0) == [1.0, 1.5, 1.5]
+    right = lambda run, slow: [1.0, 1.5, 1.5]            # noqa: E731
+    assert ex.check_async_staleness(right, run, 0) == "exercise 4: correct"
+    whole_run = lambda run, slow: [1 / 3, 1.5, 1.5]      # noqa: E731  the straggler's tail counted too: wrong
+    assert ex.check_async_staleness(whole_run, run, 0).startswith("exercise 4: wrong")
+    assert ex.check_async_staleness(lambda r, s: [1.0], run, 0) == "exercise 4: wrong: 1 values for 3 workers"
+    assert "raised ZeroDivisionError" in ex.check_async_staleness(lambda r, s: [1 / 0], run, 0)
+    assert ex.check_async_staleness(None, run, 0) == "exercise 4: not answered yet"

@@ -142,6 +142,13 @@ def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
     peak = zero["peak"]
     assert peak["params"] == peak["grads"] == K and peak["optimizer"] == padded // 3 and peak["temporary"] == 0, peak
     assert rows["naive"]["peak"]["grads"] >= K                       # the replicated gradients, all alive at once
+    assert rows["buckets:1048576"]["peak"]["temporary"] == K          # its one flat bucket, launched, not finished
+    assert rows["ddp:256"]["peak"]["grads"] == K and rows["ddp:256"]["peak"]["temporary"] == 0   # views of buckets
+    # FSDP2 unshards one layer at a time (module hooks see it swapped in): its full weights and bias, then in
+    # backward their full gradients too, beside every rank's shards
+    layer = max(n * m + m for n, m in zip(TINY["sizes"], TINY["sizes"][1:])) * 4
+    fsdp_peak = rows["fsdp"]["peak"]
+    assert fsdp_peak["temporary"] >= layer and fsdp_peak["total"] > K, fsdp_peak
 
 
 @pytest.mark.timeout(120)

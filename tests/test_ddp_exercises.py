@@ -24,14 +24,26 @@ def test_exercise_3_verdicts_from_ranks_results():
     assert exercises.verdict([ok, dict(ok, err=0.3)], 3).startswith("exercise 3: wrong")
     assert "asynchronously" in exercises.verdict([ok, dict(ok, **{"async": False})], 3)
     assert "raised on rank 1: ValueError: x" in exercises.verdict([ok, dict(ok, error="ValueError: x")], 3)
+    bucketed = dict(ok, calls=4, buckets=4)
+    assert exercises.verdict([bucketed] * 2, 3).endswith("4 async allreduces per step, one per bucket")
+    said = exercises.verdict([dict(ok, buckets=4)] * 2, 3)      # 14 allreduces, one per gradient, for 4 buckets
+    assert "14 allreduces per step for 4 buckets" in said and "correct" not in said
 
 
-class NoMean(dp.Overlap):
-    """Waits for every sum but forgets to divide by N."""
+class NoMean(dp.Buckets):
+    """Waits for every bucket's sum but forgets to divide by N."""
     def finish(self):
-        for _, work in self.pending:
+        for _, _, work in self.pending:
             work.wait()
-        self.pending.clear()
+        self._reset()
+
+
+class PerGradient(dp.Overlap):
+    """Right weights, but one allreduce per gradient although it has buckets."""
+    def __init__(self, model, bucket_bytes=64):
+        super().__init__(model)
+        sizes = [p.numel() * p.element_size() for p in model.parameters()]
+        self.buckets = dp.assign_buckets(sizes, bucket_bytes, None)
 
 
 class Skeleton:
@@ -45,9 +57,12 @@ class Skeleton:
 @pytest.mark.engines
 @pytest.mark.timeout(300)
 def test_exercise_3_on_engines_right_wrong_and_unanswered(cluster3):
-    cluster3.view.push({"RightOverlap": dp.Overlap, "NoMean": NoMean, "Skeleton": Skeleton}, block=True)
-    cfg = dict(sizes=(16, 24, 5), batch=8)
-    assert exercises.grade_hook(cluster3, "RightOverlap", cfg).startswith("exercise 3: correct")
+    cluster3.view.push({"RightBuckets": lambda m: dp.Buckets(m, 256, None), "NoMean": NoMean,
+                        "PerGradient": PerGradient, "Skeleton": Skeleton}, block=True)
+    cfg = dict(sizes=(16, 24, 5), batch=8)        # 4 tensors: 1,536, 96, 480 and 20 bytes; buckets of 256 B: 2
+    said = exercises.grade_hook(cluster3, "RightBuckets", cfg)
+    assert said.startswith("exercise 3: correct") and said.endswith("2 async allreduces per step, one per bucket")
+    assert "4 allreduces per step for 3 buckets" in exercises.grade_hook(cluster3, "PerGradient", cfg)
     assert exercises.grade_hook(cluster3, "NoMean", cfg).startswith("exercise 3: wrong")
     assert "not answered" in exercises.grade_hook(cluster3, "Skeleton", cfg)
     assert "no 'Missing' on this engine" in exercises.grade_hook(cluster3, "Missing", cfg)

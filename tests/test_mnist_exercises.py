@@ -15,28 +15,33 @@ from kit.mnist.model import steps_per_epoch
 BENCH = json.loads((Path(__file__).parents[1] / "results" / "mnist_lab.json").read_text())
 
 
-def state(digest, steps=2, averaged=True):
-    return {"steps": steps, "averaged": averaged, "digest": digest}
+def state(digest, steps=2, averaged=True, off=0.0):
+    """An engine_state of a 2-layer model: rank weights off by `off` from a common start."""
+    weights = [np.arange(6.0).reshape(2, 3) + off, np.array([0.5, -1.0]) - off]
+    return {"steps": steps, "averaged": averaged, "digest": digest, "weights": weights}
 
 
-def agree(digests):
-    return len(set(digests)) == 1
+def drift(weights):
+    return max(float(np.abs(w - w0).max()) for ws in weights for w, w0 in zip(ws, weights[0]))
 
 
 def test_exercise_1_graded_without_the_answer():
-    broken = [state("d0"), state("d1")]
-    assert exercises.grade_1([None, None], agree) == "exercise 1: not answered yet"
+    broken = [state("d0"), state("d1", off=0.125)]
+    assert exercises.largest_drift([s["weights"] for s in broken]) == 0.125
+    assert exercises.grade_1([None, None], drift) == "exercise 1: not answered yet"
     assert exercises.grade_1(broken, None) == "exercise 1: not answered yet"
-    assert exercises.grade_1(broken, agree) == "exercise 1: correct"
-    for wrong_check in (lambda d: True, lambda d: False, lambda d: d[0] == d[-1], lambda d: None):
-        verdict = exercises.grade_1(broken, wrong_check)
-        assert verdict.startswith("exercise 1:") and "correct" not in verdict and "your check is wrong" in verdict
-    assert "raised ZeroDivisionError" in exercises.grade_1(broken, lambda d: 1 / 0)
-    with_broadcast = exercises.grade_1([state("d0"), state("d0")], agree)
+    assert exercises.grade_1(broken, drift) == "exercise 1: correct"
+    signed = lambda ws: max(float((w - w0).max()) for r in ws for w, w0 in zip(r, ws[0]))   # noqa: E731  no abs
+    first_only = lambda ws: float(np.abs(ws[-1][0] - ws[0][0]).max())                        # noqa: E731
+    for wrong in (lambda ws: 0.0, lambda ws: 0.125, signed, first_only, lambda ws: None, lambda ws: "0.125"):
+        verdict = exercises.grade_1(broken, wrong)
+        assert verdict.startswith("exercise 1:") and "correct" not in verdict and "your drift is wrong" in verdict
+    assert "raised ZeroDivisionError" in exercises.grade_1(broken, lambda ws: 1 / 0)
+    with_broadcast = exercises.grade_1([state("d0"), state("d0")], drift)
     assert "wrong" in with_broadcast and "identical" in with_broadcast
-    assert "averag" in exercises.grade_1([state("d0", averaged=False), state("d1")], agree)
-    assert "same few steps" in exercises.grade_1([state("d0", steps=0), state("d1", steps=0)], agree)
-    assert "same few steps" in exercises.grade_1([state("d0", steps=2), state("d1", steps=3)], agree)
+    assert "averag" in exercises.grade_1([state("d0", averaged=False), state("d1")], drift)
+    assert "same few steps" in exercises.grade_1([state("d0", steps=0), state("d1", steps=0)], drift)
+    assert "same few steps" in exercises.grade_1([state("d0", steps=2), state("d1", steps=3)], drift)
 
 
 def test_exercise_2_graded_without_the_answer():

@@ -442,7 +442,7 @@ def what_runs(lab) -> str:
 # Open MPI's first collective can stall for good when 4 ranks start on 2 busy cores (docs/cluster.md, "A start
 # that stalls"): the script then ends the job itself after --init-timeout, and the test starts it again (5 tries).
 # What this test proves, a killed rank ends the job and a new job resumes, is checked on a job that did start.
-STALL_BOUND = ["--init-timeout", "60"]      # a start that does not stall takes seconds, busy or not
+STALL_BOUND = ["--init-timeout", "30"]      # a start that does not stall takes seconds, busy or not
 
 
 def launch_past_stalls(lab, argv, ckpt=None, attempts=5):

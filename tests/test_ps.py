@@ -75,12 +75,28 @@ def server_step(params, grads, workers, link, lr):
 """
 
 
+DOUBLING_ASYNC_SERVER = """
+import torch
+
+
+def server_step_async(params, grad, version, pulled, link, lr):
+    who = torch.empty(1, dtype=torch.int32)
+    link.wait([link.irecv(who, src=None)], "any worker")
+    w = int(who)
+    link.wait([link.irecv(grad, src=w)], "the worker")
+    params -= 2 * lr * grad
+    link.wait([link.isend(params, dst=w)], "the worker")
+    staleness, pulled[w] = version - pulled[w], version + 1
+    return w, staleness
+"""
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.engines
 def test_train_runs_the_algorithm_it_is_given(cluster):
     notebook = {"__name__": "__main__"}
     exec(SUMMING_SERVER, notebook)
-    cluster.view.execute("import time", block=True)          # what the notebook's %%px --local cell does there
+    cluster.view.execute("import time, torch", block=True)   # what the notebook's %%px --local cells do there
     cfg = ps.Config(workers=2, servers=1, steps=5, batch=60, lr=0.05)
     run = ps.train(cluster, cfg, algorithm={"server_step": notebook["server_step"]})
     ref, _ = ps.train_single(ps.Config(workers=2, servers=1, steps=5, batch=60, lr=0.1))   # sum of 2 = 2 x mean
@@ -88,6 +104,10 @@ def test_train_runs_the_algorithm_it_is_given(cluster):
     assert np.abs(run.params - ps.train_single(cfg)[0]).max() > 1e-4                     # not the kit's step
     with pytest.raises(ValueError, match="not parts of the algorithm"):
         ps.train(cluster, cfg, algorithm={"sever_step": notebook["server_step"]})
+    exec(DOUBLING_ASYNC_SERVER, notebook)                     # the asynchronous server's step is replaceable too
+    acfg = ps.Config(workers=1, servers=1, steps=5, batch=60, lr=0.05, mode="async")
+    run = ps.train(cluster, acfg, algorithm={"server_step_async": notebook["server_step_async"]})
+    assert np.abs(run.params - ref).max() < 1e-6              # one worker at 2 x lr: the same as the summing server
 
 
 @pytest.mark.timeout(300)

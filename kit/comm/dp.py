@@ -136,6 +136,10 @@ class Buckets:
                 g.copy_(piece.view_as(g))
         self._reset()
 
+    def temporaries(self):
+        """The flat buffers alive now (launched, not yet finished): what PeakMeter counts as temporary."""
+        return [flat for _, flat, _ in self.pending]
+
     def remove(self):
         for h in self.handles:
             h.remove()
@@ -227,34 +231,51 @@ def nbytes(tensors) -> int:
 
 
 def held_bytes(model, optimizer) -> dict:
-    """Return the bytes this rank holds of parameters, gradients (.grad) and optimizer state (every tensor in
-    optimizer.state), measured from the tensors themselves (a view counts its own elements)."""
+    """Return the bytes this rank holds of parameters (the model's, or a list of them), gradients (.grad) and optimizer
+    state (every tensor in optimizer.state), measured from the tensors themselves (a view counts its own elements)."""
     import torch
-    params = list(model.parameters())
+    params = list(model.parameters() if hasattr(model, "parameters") else model)
     state = [t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
     return {"params": nbytes(params), "grads": nbytes([p.grad for p in params]), "optimizer": nbytes(state)}
 
 
 class PeakMeter:
-    """Within `with PeakMeter(model, opt) as peak:` (one training step), measure what this rank holds (held_bytes)
-    after each gradient lands during backward, when the context ends, and at the optimizer's own probes of its
-    temporary flat buffers (ZeroSGD); keep the largest total: `peak.peak` = {params, grads, optimizer, temporary,
-    total}. It counts the state ZeRO's formulas count, not activations, nor buffers inside DDP or FSDP2."""
+    """Within `with PeakMeter(model, opt) as peak:` (one step), measure what this rank holds before each module's
+    forward, after each gradient lands, at the optimizer's probes (ZeroSGD) and at the end; keep the largest total:
+    `peak.peak` = {params, grads, optimizer, temporary, total}. params and grads: the parameters the model had when
+    the step began (FSDP2's shards) and their .grad; temporary: what else is alive then: parameters swapped in since
+    (FSDP2's unsharded layers) and their .grad, `temporaries()` (a scheme's flat buffers), the optimizer's probes.
+    Not counted: activations, buffers inside C++ (DDP's buckets unless its grads are views of them, as in
+    kit.ddp.setup; Horovod's fusion buffer; the fp16 hook's copies)."""
 
-    def __init__(self, model, optimizer):
-        self.model, self.opt, self.peak = model, optimizer, {"total": -1}
+    def __init__(self, model, optimizer, temporaries=None):
+        self.model, self.opt, self.peak, self.extra = model, optimizer, {"total": -1}, temporaries or (lambda: [])
 
     def __enter__(self):
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.handles = [p.register_post_accumulate_grad_hook(lambda p: self.probe()) for p in params]
+        self.params = list(self.model.parameters())
+        self.ids, self.hooked = {id(p) for p in self.params}, set()
+        owners = [m for m in self.model.modules() if next(m.parameters(recurse=False), None) is not None]
+        self.handles = [p.register_post_accumulate_grad_hook(lambda p: self.probe())
+                        for p in self.params if p.requires_grad]
+        self.handles += [m.register_forward_pre_hook(self._before_forward) for m in owners]
         if hasattr(self.opt, "meter"):
             self.opt.meter = self
         self.probe()
         return self
 
+    def _before_forward(self, module, args):
+        """Measure; hook the parameters swapped in (FSDP2's unsharded ones), to measure again when their grads land."""
+        for p in module.parameters(recurse=False):
+            if id(p) not in self.ids | self.hooked and p.requires_grad:
+                self.hooked.add(id(p))
+                self.handles.append(p.register_post_accumulate_grad_hook(lambda p: self.probe()))
+        self.probe()
+
     def probe(self, *temporary):
         """Measure now; `temporary`: tensors alive now that the model and the optimizer do not hold."""
-        now = {**held_bytes(self.model, self.opt), "temporary": nbytes(temporary)}
+        swapped = [p for p in self.model.parameters() if id(p) not in self.ids]
+        now = {**held_bytes(self.params, self.opt),
+               "temporary": nbytes([*swapped, *(p.grad for p in swapped), *self.extra(), *temporary])}
         now["total"] = sum(now.values())
         if now["total"] > self.peak["total"]:
             self.peak = now

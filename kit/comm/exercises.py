@@ -4,7 +4,7 @@ computes the right answer here, so no visible cell of the notebook holds it.
     check_server_bytes(each, total, rows, K)                    # notebook 02, exercise 1
     check_n_star(n, alpha, B, K, compute_s, o)                  # notebook 02, exercise 2
     check_k_star(k, alpha, B, K, compute_s, o, n=64)            # notebook 02, exercise 3
-    check_async_counts(updates, per_worker, samples, run)       # notebook 02, exercise 4
+    check_async_staleness(fn, run, slow)                        # notebook 02, exercise 4
     check_colocated(fn, cluster)                                # notebook 02, exercise 5 (on the engines)
     check_ring_bytes(answer, N=5, K=10 * 2**20, worker=2)       # notebook 03, exercise 1
     check_ring_steps(steps, chunk, n=8, worker=3)               # notebook 03, exercise 2
@@ -79,18 +79,21 @@ def check_left_ring(ring_fn, cluster) -> str:
             f"exercise 4: ranks {not_left} sent to someone other than their left neighbour")
 
 
-def check_ring_vs_ps(gap, k_star, ps_wins, alpha: float, o: float, B: float, N: int = 64) -> str:
+def check_ring_vs_ps(gap, k_star, ps_wins, alpha: float, o: float, B: float, N: int = 64,
+                     alpha_ring: float | None = None) -> str:
     """Notebook 03, exercise 3: t_ps - t_ring as a function of K (one server paying 2(alpha + (N-1) o) + 2NK/B,
-    the ring 2(N-1)(alpha + K/(NB))), the K below which the server is faster (within 1%; 0 if never), and whether
-    it is faster at some K. Say which parts are right, never the answer."""
+    the ring 2(N-1)(a_r + K/(NB)), a_r = `alpha_ring`, what each of the ring's messages in sequence paid on the
+    lab, or alpha), the K below which the server is faster (within 1%; 0 if never), and whether it is faster at
+    some K. Say which parts are right, never the answer."""
     if gap is None or k_star is None or ps_wins is None:
         return "exercise 3: not answered yet"
-    diff = t_comm_ps(N, GRID, alpha, B, o=o) - t_comm_ring(N, GRID, alpha, B)
+    a_r = alpha if alpha_ring is None else alpha_ring
+    diff = t_comm_ps(N, GRID, alpha, B, o=o) - t_comm_ring(N, GRID, a_r, B)
     try:
         right_gap = bool(np.allclose(np.asarray(gap(GRID), dtype=float), diff, rtol=1e-9, atol=1e-15))
     except Exception as e:            # a lambda that fails on arrays is a wrong answer, said plainly
         return f"exercise 3: your gap raised {type(e).__name__}: {e} (it takes a numpy array of K)"
-    want = float(crossover_bytes(N, alpha, B, o))
+    want = float(crossover_bytes(N, alpha, B, o, alpha_ring=a_r))
     right_k = abs(float(k_star) - want) <= 0.01 * want if want > 0 else float(k_star) == 0
     right_wins = bool(ps_wins) == bool(want > 0)
     if right_gap and right_k and right_wins:
@@ -132,14 +135,29 @@ def check_k_star(k, alpha: float, B: float, K: float, compute_s: float, o: float
         f"exercise 3: wrong ({'too few' if not fits else 'more than needed'})"
 
 
-def check_async_counts(updates, per_worker, samples, run) -> str:
-    """Notebook 02, exercise 4: an asynchronous run's updates in all, from each worker, and samples in each."""
-    if None in (updates, per_worker, samples):
+def staleness_while_all_push(run, slow: int) -> list[float]:
+    """Each worker's mean staleness over the updates the asynchronous server applied up to the last one from a
+    worker other than `slow` (while every worker was still pushing); nan for a worker with none."""
+    s, who = np.asarray(run.servers[0]["staleness"], float), np.asarray(run.servers[0]["from"])
+    last = int(np.flatnonzero(who != slow).max())
+    s, who = s[:last + 1], who[:last + 1]
+    return [float(s[who == w].mean()) if (who == w).any() else float("nan") for w in range(run.config.workers)]
+
+
+def check_async_staleness(fn, run, slow: int) -> str:
+    """Notebook 02, exercise 4: `fn(run, slow)`, each worker's mean staleness while every worker was still
+    pushing, against the run's records (within 1e-9). Says right or wrong, never the numbers."""
+    if fn is None:
         return "exercise 4: not answered yet"
-    srv, n = run.servers[0], run.config.workers
-    right = (updates == len(srv["staleness"]) and all(srv["from"].count(w) == per_worker for w in range(n))
-             and samples == run.config.batch // n)
-    return "exercise 4: correct" if right else "exercise 4: wrong"
+    want = staleness_while_all_push(run, slow)
+    try:
+        got = [float(v) for v in fn(run, slow)]
+    except Exception as e:            # the learner's code: say what it raised
+        return f"exercise 4: your function raised {type(e).__name__}: {e}"
+    if len(got) != len(want):
+        return f"exercise 4: wrong: {len(got)} values for {len(want)} workers"
+    right = np.allclose(got, want, rtol=1e-9, atol=1e-12, equal_nan=True)
+    return "exercise 4: correct" if right else "exercise 4: wrong (one value per worker, in rank order)"
 
 
 def _colocated_run(fn):

@@ -24,7 +24,8 @@ from kit.comm.mlp import accuracy, batch_indices, get_flat, gradient, load_train
     train_single  # noqa: F401  (accuracy, train_single: the notebook's reference)
 
 MODES = ("sync", "async")
-ALGORITHM = ("push", "pull", "server_step")   # what `train(..., algorithm=...)` may replace (notebook 02 does)
+ALGORITHM = ("push", "pull", "server_step", "push_async", "server_step_async")   # what `train(...,
+# algorithm=...)` may replace (notebook 02 does)
 
 
 class PSError(RuntimeError):
@@ -145,7 +146,7 @@ def run_engine(cfg: Config, algorithm: dict | None = None) -> dict:
 
 
 def algorithm_with(given: dict | None) -> dict:
-    """Return this module's push, pull and server_step, with those in `given` put in their place."""
+    """Return this module's parts of the algorithm (ALGORITHM), with those in `given` put in their place."""
     unknown = sorted(set(given or ()) - set(ALGORITHM))
     if unknown:
         raise ValueError(f"algorithm: {unknown} are not parts of the algorithm; give some of {list(ALGORITHM)}")
@@ -183,7 +184,7 @@ def serve(cfg: Config, rank: int, link: Link, algo: dict) -> dict:
     else:
         grad, pulled = torch.empty_like(params), {w: 0 for w in workers}
         for version in range(cfg.steps * len(workers)):
-            w, staleness = server_step_async(params, grad, version, pulled, link, cfg.lr)
+            w, staleness = algo["server_step_async"](params, grad, version, pulled, link, cfg.lr)
             link.end_step()
             rec["staleness"].append(staleness)
             rec["from"].append(w - cfg.servers)
@@ -217,7 +218,7 @@ def work(cfg: Config, rank: int, link: Link, algo: dict) -> dict:
         if cfg.die_at and tuple(cfg.die_at) == (me, step):
             os._exit(1)                                      # bad-input demo: die mid-step, before pushing
         t1 = time.perf_counter()
-        sends = algo["push"](grad, parts, link) if cfg.mode == "sync" else push_async(grad, rank, link)
+        sends = algo["push"](grad, parts, link) if cfg.mode == "sync" else algo["push_async"](grad, rank, link)
         algo["pull"](params, parts, link, sends)             # Distributed: push, then pull
         t2 = time.perf_counter()
         link.end_step()

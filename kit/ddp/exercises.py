@@ -3,11 +3,13 @@ wrong, measured) or not answered yet, and no visible cell computes what it compa
 
     grade_buckets(my_calls)                    # exercise 1: allreduces per step of dp.Buckets at 512 KB (DDP's rule)
     grade_zero2(my_held, my_sent)              # exercise 2: ZeRO-2's bytes held and sent per rank (N = 8)
-    grade_hook(cluster, "MyOverlap")           # exercise 3: the learner's class, defined on the engines (%%px),
+    grade_hook(cluster, "MyBuckets")           # exercise 3: the learner's class, defined on the engines (%%px),
                                                # trains 3 steps; its weights against one process's SGD
 
-The learner's class has dp.Overlap's interface: `cls(model)` registers its hooks, `finish()` runs between
-backward and the optimizer's step, `remove()` takes the hooks off (optional).
+The learner's class has dp.Buckets' interface: `cls(model)` registers its hooks and sets `buckets` (lists of
+parameter indices), `finish()` runs between backward and the optimizer's step, `remove()` takes the hooks off
+(optional). The grader wants one process's weights, every allreduce launched asynchronously, and one allreduce per
+bucket.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def _engine_class(name: str):
 def train_with(cfg: dict, name: str, steps: int, cls=None) -> dict:
     """On every engine: `steps` steps of SGD with the class `name` (or `cls`) syncing the gradients; return
     {"err": largest |Δw| against one process on the N× batch, "calls": collectives per step, "async": whether every
-    allreduce was launched with async_op=True, "error": what the class raised, or None}."""
+    allreduce was launched with async_op=True, "buckets": len(its buckets) or None, "error": what it raised or None}."""
     import torch.distributed as dist
     import torch.nn.functional as F
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -82,9 +84,10 @@ def train_with(cfg: dict, name: str, steps: int, cls=None) -> dict:
             if hasattr(sync, "remove"):
                 sync.remove()
         return {"err": schemes.max_diff(model, schemes.reference(cfg, world, steps)), "calls": len(launched) // steps,
-                "async": bool(launched) and all(launched), "error": None}
+                "async": bool(launched) and all(launched), "error": None,
+                "buckets": len(sync.buckets) if hasattr(sync, "buckets") else None}
     except Exception as e:          # the learner's code: report it, do not crash the grader
-        return {"err": None, "calls": 0, "async": False, "error": f"{type(e).__name__}: {e}"}
+        return {"err": None, "calls": 0, "async": False, "buckets": None, "error": f"{type(e).__name__}: {e}"}
 
 
 def verdict(results: list[dict], steps: int) -> str:
@@ -102,11 +105,15 @@ def verdict(results: list[dict], steps: int) -> str:
     if not all(x["async"] for x in results):
         return ("exercise 3: the weights are right, but not every allreduce was launched asynchronously: backward "
                 "waited for them, nothing overlapped")
+    calls, buckets = results[0]["calls"], results[0].get("buckets")
+    if buckets is not None and calls != buckets:
+        return (f"exercise 3: the weights are right, but {calls} allreduces per step for {buckets} buckets: a "
+                "bucket's gradients go in one flat message")
     return (f"exercise 3: correct: every rank's weights equal one process on the N× batch after {steps} steps "
-            f"(|Δw| ≤ {err:.1e}), {results[0]['calls']} async allreduces per step")
+            f"(|Δw| ≤ {err:.1e}), {calls} async allreduces per step" + (", one per bucket" if buckets else ""))
 
 
-def grade_hook(cluster, name: str = "MyOverlap", cfg: dict | None = None, steps: int = 3) -> str:
+def grade_hook(cluster, name: str = "MyBuckets", cfg: dict | None = None, steps: int = 3) -> str:
     """Exercise 3: train with the learner's class `name` (defined on every engine) and grade it."""
     cfg = dict(schemes.CFG, **(cfg or {}))
     return verdict(cluster.wait(cluster.view.apply_async(train_with, cfg, name, steps)), steps)

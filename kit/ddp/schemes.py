@@ -117,7 +117,9 @@ def setup(scheme: str, model, cfg):
         finish = dp.Buckets(model, int(arg)).finish
     elif kind in ("ddp", "ddp_fp16"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=int(arg) / 2**20)
+        # gradient_as_bucket_view: each .grad a view of DDP's bucket, not a copy: K bytes of gradients, as counted
+        model = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=int(arg) / 2**20,
+                                                          gradient_as_bucket_view=True)
         # allreduce_hook is DDP's default, written in Python: so dp.counting() sees its calls
         model.register_comm_hook(None, default_hooks.fp16_compress_hook if kind == "ddp_fp16"
                                  else default_hooks.allreduce_hook)
@@ -161,8 +163,9 @@ def run_schemes(names: list[str], cfg: dict) -> list[dict]:
             dist.barrier()
             t0 = time.perf_counter()
             measured = step == cfg["warmup"] - 1                                         # a warmed-up step
+            temporaries = getattr(getattr(finish, "__self__", None), "temporaries", None)   # dp.Buckets' flats
             with dp.counting() if measured else _nothing() as seen, \
-                    dp.PeakMeter(model, opt) if measured else _nothing() as meter:
+                    dp.PeakMeter(model, opt, temporaries) if measured else _nothing() as meter:
                 train_step(model, opt, finish, x, y)
             seconds.append(time.perf_counter() - t0)
             calls = seen if seen is not None else calls
@@ -226,7 +229,7 @@ def scheme_row(name: str, ranks: list[dict], N: int, K: int, ab) -> dict:
     held = {k: max(r["held"][k] for r in ranks) for k in ("params", "grads", "optimizer")}
     slowest = 1e3 * np.max([r["seconds"] for r in ranks], axis=0)          # each step's slowest rank, ms
     row = {"scheme": name, "label": label(name), "step_ms": float(np.median(slowest)),
-           "step_ms_range": [float(slowest.min()), float(slowest.max())],
+           "step_ms_range": [float(slowest.min()), float(slowest.max())], "steps_ms": np.round(slowest, 3).tolist(),
            "err": err, "ok": None if kind == "local" else err <= TOL.get(kind, TOL_FLOAT32),
            "calls": len(calls), "handed": sum(b for _, b in calls), "sent": dp.sent_per_step(calls, N),
            "handed_by": {c: sum(b for name, b in calls if name == c) for c, _ in calls},

@@ -1,7 +1,7 @@
 """Notebook 04's exercise checkers, written once for the notebook and its solutions: each says correct, wrong (and
 which part) or not answered yet, never the answer.
 
-    print(exercises.check_exercise_1(cluster.view, replicas_agree))   # on the engines: step 5 left out
+    print(exercises.check_exercise_1(cluster.view, drift))            # on the engines: step 5 left out
     print(exercises.check_exercise_2(steps, images))                  # steps per rank, images in 12 epochs
     print(exercises.check_exercise_3(CKPT_DIR, epoch))                # the epoch resume() loads after a corruption
 """
@@ -21,42 +21,55 @@ def engine_state(broken) -> dict | None:
     from kit.mnist.model import weights_digest
     opt = getattr(broken, "optimizer", None)
     steps = int(opt.iterations.numpy()) if opt is not None and hasattr(opt, "iterations") else 0
-    return {"steps": steps, "averaged": hasattr(opt, "_allreduce"), "digest": weights_digest(broken)}
+    return {"steps": steps, "averaged": hasattr(opt, "_allreduce"), "digest": weights_digest(broken),
+            "weights": broken.get_weights()}
 
 
-def _agrees(check, digests) -> bool | None:
-    """Return the learner's check on `digests`, or None when it does not return a bool."""
-    answer = check(list(digests))
-    return answer if isinstance(answer, bool) else None
+def largest_drift(weights) -> float:
+    """The largest |w - w_rank0| over every rank's weights (`weights[r]`: rank r's list of arrays)."""
+    import numpy as np
+    return max((float(np.max(np.abs(np.asarray(w, float) - np.asarray(w0, float)))) if np.size(w) else 0.0
+                for ws in weights for w, w0 in zip(ws, weights[0])), default=0.0)
 
 
-def grade_1(states: list, replicas_agree) -> str:
-    """Grade exercise 1 from every rank's engine_state and the learner's check `replicas_agree(digests) -> bool`."""
-    if any(s is None for s in states) or replicas_agree is None:
+def _cases(weights: list) -> list:
+    """The grader's weights: the ranks' own, then made-up ones (identical; one element off, up or down)."""
+    import numpy as np
+    same = [[np.array(w, float) for w in weights[0]] for _ in weights]
+    up = [[w.copy() for w in ws] for ws in same]
+    up[-1][-1].flat[-1] += 0.5
+    down, first = [[w.copy() for w in ws] for ws in same], [[w.copy() for w in ws] for ws in same]
+    down[-1][0].flat[0] -= 0.25
+    first[0][-1].flat[0] += 0.75                    # rank 0 itself off: every other rank differs from it
+    return [weights, same, up, down, first, same[:1]]
+
+
+def grade_1(states: list, drift) -> str:
+    """Grade exercise 1 from every rank's engine_state and the learner's `drift(weights) -> float`, the largest
+    |w - w_rank0| over every rank and every weight."""
+    if any(s is None for s in states) or drift is None:
         return "exercise 1: not answered yet"
     if any(s["steps"] < 1 for s in states) or len({s["steps"] for s in states}) != 1:
         return "exercise 1: wrong: every rank must train `broken` for the same few steps (at least one)"
     if not all(s["averaged"] for s in states):
         return "exercise 1: wrong: only step 5 should be missing: `broken`'s optimizer must still average gradients"
-    digests = [s["digest"] for s in states]
-    if len(set(digests)) == 1:
+    if len({s["digest"] for s in states}) == 1:
         return ("exercise 1: wrong: the replicas ended identical, so something still made them equal: train "
                 "without every step that copies rank 0's weights")
-    n = len(digests)
-    cases = [(digests, False), (["a"] * n, True), ([*["a"] * (n - 1), "b"], False), (["b", *["a"] * (n - 1)], False),
-             (["a"], True), (["a", "b", "a"], False), (["a", "a", "a", "a"], True)]
     try:
-        right = all(_agrees(replicas_agree, d) is want for d, want in cases)
+        got = [drift(ws) for ws in _cases([s["weights"] for s in states])]
+        right = all(isinstance(g, (int, float)) and abs(g - largest_drift(ws)) <= 1e-6 * max(1.0, abs(g))
+                    for g, ws in zip(got, _cases([s["weights"] for s in states])))
     except Exception as e:          # the learner's check raised: say so, not the answer
         return f"exercise 1: wrong: your check raised {type(e).__name__}: {e}"
     return "exercise 1: correct" if right else \
-        "exercise 1: the training is right, your check is wrong: it must return True or False, rightly, for any digests"
+        "exercise 1: the training is right, your drift is wrong: the largest |w - w_rank0|, a number, for any weights"
 
 
-def check_exercise_1(view, replicas_agree) -> str:
-    """Grade exercise 1 on the engines of `view`: each rank's `broken` model, and the learner's check."""
+def check_exercise_1(view, drift) -> str:
+    """Grade exercise 1 on the engines of `view`: each rank's `broken` model, and the learner's drift."""
     import ipyparallel as ipp
-    return grade_1(view.apply_sync(engine_state, ipp.Reference("broken")), replicas_agree)
+    return grade_1(view.apply_sync(engine_state, ipp.Reference("broken")), drift)
 
 
 def check_exercise_2(steps, images) -> str:

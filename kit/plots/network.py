@@ -107,9 +107,10 @@ def plot_network(x: dict, K: int, ax=None):
 
 def bytes_error(x: dict, K: int | None = None) -> dict:
     """Return the largest counted/model - 1 of the bytes per host (at K bytes, or over every size): ring and
-    BytePS hosts (sent and received), PS server (sent and received, model N·K), PS workers (model K). Counted is
-    each NIC's payload (its bytes less 66 of headers a packet) where the run counted packets, else its bytes: what
-    is above the model is then the per-call barriers and resent segments (or, in bytes, also headers and ACKs)."""
+    co-located servers' hosts (sent and received), PS server (sent and received, model N·K), PS workers (model K).
+    Counted is each NIC's payload (its bytes less 66 of headers a packet) where the run counted packets, else its
+    bytes: what is above the model is then the per-call barriers and resent segments (or, in bytes, also headers and
+    ACKs)."""
     def sent(r):
         return r.get("tx_payload", r["tx"]), r.get("rx_payload", r["rx"])
     err = {}
@@ -168,7 +169,7 @@ def summary(x: dict, K: int, seconds: float) -> str:
             f"all sums correct: {r['all_correct']}; {seconds:.0f} s")
 
 
-SHORT = {"ring": "kit ring", "byteps": "PS, k=N on workers (BytePS)", "torch": "torch.distributed",
+SHORT = {"ring": "kit ring", "byteps": "PS, k=N co-located", "torch": "torch.distributed",
          "horovod": "Horovod (Gloo)", "horovod_mpi": "Horovod (MPI)", "ps": "PS, one server"}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 # What each allreduce / PS implementation is called in tables and legends (notebooks 02, 03; kit.bench).
 LABELS = {"ring": "kit ring", "naive": "naive (gather to rank 0 + broadcast)", "torch": "torch.distributed (gloo)",
           "horovod": "Horovod (Gloo)", "horovod_mpi": "Horovod (MPI)",
-          "byteps": "PS, k=N servers on the workers (BytePS)", "ps": "PS, one server on its own host"}
+          "byteps": "PS, k=N servers co-located on the workers", "ps": "PS, one server on its own host"}
 
 
 def axes(ax, n: int = 1, figsize=(5, 3.5), **kw):
