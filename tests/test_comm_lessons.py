@@ -143,7 +143,9 @@ def test_notebook_03s_closing_paragraph_gives_the_models_numbers():
     a, B, K = 74e-6, 2.9e9, 16 << 20
     text = lessons.at_scale_note(3, 47.0, 32.2, a, B, K)
     for s in ("16 MB on 3 engines: the plain ring 47.0 ms, the kit's ring 32.2 ms", "α = 74 µs and B = 2.90 GB/s",
-              f"ring {costmodel.t_comm_ring(1024, K, a, B):.2f} s against {costmodel.t_comm_ps(1024, K, a, B):.1f} s",
+              f"ring {costmodel.t_comm_ring(1024, K, a, B):.2f} s "
+              f"({costmodel.latency_share('ring', 1024, K, a, B):.0%} of it its 2(N−1) latencies) against "
+              f"{costmodel.t_comm_ps(1024, K, a, B):.1f} s",
               f"at 4 KB the ring {costmodel.t_comm_ring(1024, 4096, a, B) * 1e3:.0f} ms",
               f"lose below {costmodel.human(costmodel.crossover_bytes(1024, a, B))}."):
         assert s in text, s

@@ -110,6 +110,21 @@ def test_busy_fraction_of_a_loop_on_an_injected_clock(wait_s, compute_s):
     assert st["samples_per_s"] == pytest.approx(4 / (wait_s + compute_s))
 
 
+def test_the_workers_cpu_is_read_over_the_steady_steps_and_merged_per_step(monkeypatch):
+    used = iter([1.5, 2.7, 10.0, 10.9])                   # CPU s of the children: start and end of each run's steadies
+    monkeypatch.setattr(monitor, "children_cpu", lambda: next(used))
+    clock, runs = FakeClock(), []
+    for _ in range(2):
+        with monitor.Monitor(warmup=2, nvml=False, clock=lambda: clock.wall, cpu_clock=lambda: clock.cpu) as mon:
+            fake_loop(mon, clock, 8, 0.03, 0.01)
+        runs.append(mon)
+    assert runs[0].tree_cpu == (pytest.approx(1.2), 6) and runs[0].stats()["workers_cpu"] == pytest.approx(0.2)
+    assert monitor.merge(runs).stats()["workers_cpu"] == pytest.approx((1.2 + 0.9) / 12)
+    recorded = monitor.Monitor(warmup=0, nvml=False)
+    recorded.record(wait_s=0.02, compute_s=0.06)
+    assert "workers_cpu" not in recorded.stats()                # steps recorded, not watched: nothing measured
+
+
 def test_real_sleeps_are_timed_from_below():
     with monitor.Monitor(warmup=0, nvml=False) as mon:
         for _ in mon.watch(timed_batches(4, 0.02), steps=4):

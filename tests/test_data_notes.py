@@ -71,6 +71,16 @@ def test_the_cpu_pipelines_checks_fail_with_their_reasons():
     assert notes.cpu_checks(2.2, dict(workers=4, step_ms=61.0), 63.4, 2, 0.0)[1].held     # -4%: within the noise
 
 
+def test_a_step_under_the_floor_is_explained_by_the_cpu_the_run_measured():
+    fastest = dict(workers=4, step_ms=57.0, cpu_ms=50.0, workers_cpu_ms=60.0)       # 110 ms of CPU against 126.8
+    text = checks.markdown([notes.cpu_checks(2.2, fastest, 63.4, 2, 0.0)[1]])
+    assert ("because at W = 4 the training process used 50 ms of CPU per step and its workers 60 ms, 110 ms in "
+            "all, against the 127 ms the W = 0 run measured") in text and "cost 13% less CPU this way" in text
+    clocks = dict(fastest, workers_cpu_ms=90.0)                                         # 140 ms: impossible on 2 cores
+    text = checks.markdown([notes.cpu_checks(2.2, clocks, 63.4, 2, 0.0)[1]])
+    assert "used 140 ms of CPU per step, no less than the W = 0 run's 127 ms" in text and "disagree" in text
+
+
 def test_the_summary_lists_the_runs_numbers_and_the_traces_verdict():
     prof = SimpleNamespace(recommended_workers=2, step_predicted=0.038)
     text = notes.summary(ROWS, ROWS[2], 2.74, 0.07, (0, 2), True, prof, {"step": 0.033})

@@ -24,7 +24,8 @@ HOROVOD_IDLE = 500e3      # bytes per second
 
 @pytest.fixture(scope="module")
 def x():
-    return exchange.experiment(ns=(2,), sizes=(K,), rate=RATE, reps=2, impls=("ring", "byteps", "horovod_mpi", "ps"))
+    return exchange.experiment(ns=(2,), sizes=(K,), rate=RATE, reps=2, impls=("ring", "byteps", "horovod_mpi", "ps"),
+                               link_rounds=2)      # 2 rounds of ping-pongs, not 5: at 200 Mbit/s a round takes ~12 s
 
 
 def payload_is(counted: float, model: float, r: dict) -> bool:

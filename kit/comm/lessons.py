@@ -253,7 +253,8 @@ def at_scale_note(engines: int, plain_ms: float, kit_ms: float, alpha: float, B:
     α and B: the ring against one server at K and at `small` bytes (o = 0), and the crossover below which it loses."""
     return (f"16 MB on {engines} engines: the plain ring {plain_ms:.1f} ms, the kit's ring {kit_ms:.1f} ms. At scale "
             f"(the model, this box's α = {alpha * 1e6:.0f} µs and B = {B / 1e9:.2f} GB/s), N = {n}, K = {human(K)}: "
-            f"ring {t_comm_ring(n, K, alpha, B):.2f} s against {t_comm_ps(n, K, alpha, B):.1f} s for one parameter "
-            f"server; at {human(small)} the ring {t_comm_ring(n, small, alpha, B) * 1e3:.0f} ms against "
+            f"ring {t_comm_ring(n, K, alpha, B):.2f} s ({latency_share('ring', n, K, alpha, B):.0%} of it its "
+            f"2(N−1) latencies) against {t_comm_ps(n, K, alpha, B):.1f} s for one parameter server; at "
+            f"{human(small)} the ring {t_comm_ring(n, small, alpha, B) * 1e3:.0f} ms against "
             f"{t_comm_ps(n, small, alpha, B) * 1e3:.1f} ms (o = 0): its latencies in sequence lose below "
             f"{human(crossover_bytes(n, alpha, B))}.")

@@ -109,6 +109,7 @@ class Monitor:
         self.samples: list[tuple[float, float, float]] = []   # (t, GPU util %, memory GiB) from NVML
         self.has_nvml = False
         self.runs: list[Monitor] = []                         # the runs a merged Monitor was built from
+        self.tree_cpu: tuple[float, int] | None = None        # (CPU s of this process's children, steps): steady
         self.t0 = None
         self._thread = None
         self._stop = threading.Event()
@@ -148,9 +149,11 @@ class Monitor:
         """Yield batches from `iterable`, timing the wait for each and the compute until the next request."""
         if self.t0 is None:
             self.t0 = self.clock()
-        it = iter(iterable)
+        it, c0 = iter(iterable), None
         try:
             for _ in (range(steps) if steps is not None else iter(int, 1)):
+                if c0 is None and len(self.steps) == self.warmup:
+                    c0, n0 = children_cpu(), len(self.steps)     # the loader's workers, from the first steady step
                 start, start_cpu = self.clock(), self.cpu_clock()
                 try:
                     batch = next(it)
@@ -164,6 +167,8 @@ class Monitor:
                 self.steps.append(Step(start - self.t0, ready - self.t0, end - self.t0, batch_len(batch),
                                        ready_cpu - start_cpu, self.cpu_clock() - ready_cpu))
         finally:
+            if c0 is not None and len(self.steps) > n0:
+                self.tree_cpu = (children_cpu() - c0, len(self.steps) - n0)
             close_loader_iterator(it)
 
     def record(self, wait_s: float, compute_s: float, samples: int = 1, wait_cpu: float = 0.0,
@@ -212,6 +217,9 @@ class Monitor:
                "samples_per_s": n / elapsed,
                "wait_cpu": float(np.mean([x.wait_cpu for x in s])),
                "compute_cpu": float(np.mean([x.compute_cpu for x in s]))}
+        trees = [m.tree_cpu for m in (self.runs or [self]) if m.tree_cpu]
+        if trees:                                   # the workers' CPU seconds per steady step
+            out["workers_cpu"] = sum(c for c, _ in trees) / sum(n for _, n in trees)
         if self.samples:
             steady = self.steady_samples()
             out["gpu_util"] = float(np.mean([u for _, u, _ in steady]))
@@ -249,6 +257,19 @@ class Monitor:
         """Draw the timeline (kit.plots.plot_monitor): compute green, wait red, busy % per window."""
         from kit.plots.data import plot_monitor
         return plot_monitor(self, ax=ax, label=label, window=window)
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process's live children: a DataLoader's workers."""
+    import psutil
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:                    # ended meanwhile
+            pass
+    return total
 
 
 def merge(mons: list) -> "Monitor":

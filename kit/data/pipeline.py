@@ -278,7 +278,8 @@ def table(mons: dict, fit: dict | None = None, predict=None) -> list[dict]:
         steps = [r["step"] for r in per_round]
         row = {"workers": w, "samples_per_s": round(st["samples_per_s"], 1), "busy": round(st["busy"], 3),
                "wait_ms": round(1e3 * st["wait"], 2), "compute_ms": round(1e3 * st["compute"], 2),
-               "step_ms": round(1e3 * st["step"], 2),
+               "step_ms": round(1e3 * st["step"], 2), "cpu_ms": round(1e3 * (st["wait_cpu"] + st["compute_cpu"]), 2),
+               "workers_cpu_ms": round(1e3 * st["workers_cpu"], 2) if "workers_cpu" in st else None,
                "rounds": [[round(r["samples_per_s"], 1), round(1e3 * r["step"], 2)] for r in per_round],
                "step_spread": round((max(steps) - min(steps)) / st["step"], 3)}
         if fit is not None and isinstance(w, int):

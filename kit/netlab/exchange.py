@@ -246,14 +246,14 @@ def run_ps(lab, cluster, N: int, sizes, reps: int, link: dict) -> list[dict]:
 
 
 def run_n(lab, N: int, sizes, reps: int, impls, link: dict | None, timeout: float = 120,
-          quiet: bool = True) -> tuple[dict, list]:
+          quiet: bool = True, link_rounds: int = 5) -> tuple[dict, list]:
     """Measure every implementation in `impls` at every size on the first N hosts of `lab` (the PS server on host
     N+1); measure the link first when `link` is None; return (link, rows)."""
     from kit import cluster as kc
     rows = []
     with kc.start(n=N, backend="gloo", hosts=_hosts(lab, N), timeout=timeout, quiet=True) as c:
         c.init_process_group()
-        link = link or {"rate": lab.rate, "rate_bytes_per_s": lab_rate(lab), **measure_link(lab, c)}
+        link = link or {"rate": lab.rate, "rate_bytes_per_s": lab_rate(lab), **measure_link(lab, c, rounds=link_rounds)}
         rows += _time_impls(c, N, [i for i in impls if i not in ("ps", "horovod_mpi")], sizes, reps, link, quiet)
         if "ps" in impls:
             rows += run_ps(lab, c, N, sizes, reps, link)
@@ -312,16 +312,16 @@ def _with_overhead(x: dict) -> None:
 
 
 def experiment(ns=(2, 4), sizes=(4 << 20, 64 << 20), rate: str = "1gbit", reps: int = 3, impls=IMPLS,
-               quiet: bool = True) -> dict:
-    """Run the experiment for every N in `ns` on one lab of max(ns) + 1 hosts, its link measured once; return
-    the link, the latency fit and the rows."""
+               quiet: bool = True, link_rounds: int = 5) -> dict:
+    """Run the experiment for every N in `ns` on one lab of max(ns) + 1 hosts, its link measured once (in
+    `link_rounds` rounds of ping-pongs); return the link, the latency fit and the rows."""
     bad = [i for i in impls if i not in IMPLS]
     if bad or not ns or any(n < 2 for n in ns):
         raise ValueError(f"impls must come from {IMPLS} (got {bad}) and every N must be >= 2 (got {list(ns)})")
     t0, link, rows = time.time(), None, []
     with start_lab(hosts=max(ns) + ("ps" in impls), rate=rate) as lab:
         for N in sorted(ns):
-            link, more = run_n(lab, N, sizes, reps, impls, link, quiet=quiet)
+            link, more = run_n(lab, N, sizes, reps, impls, link, quiet=quiet, link_rounds=link_rounds)
             rows += more
     x = {"rate": rate, "sizes": list(sizes), "ns": sorted(ns), "reps": reps, "link": link,
          "links": {N: link for N in sorted(ns)}, "rows": rows}
