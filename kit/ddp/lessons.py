@@ -82,10 +82,7 @@ def buckets_check(x: dict) -> Check:
     many, few = bucket_extremes(x)
     spread = lambda r: f"{r['step_ms']:.1f} ms ({r['step_ms_range'][0]:.1f}–{r['step_ms_range'][1]:.1f})"  # noqa: E731
     rows = sorted((r for r in x["rows"] if r["scheme"].startswith("buckets:")), key=lambda r: -r["calls"])
-    if "steps_ms" in few and "steps_ms" in many:
-        win = win_rate(few["steps_ms"], many["steps_ms"])
-    else:                               # a run recorded before the steps were kept: the ranges must not overlap
-        win = 1.0 if few["step_ms_range"][1] < many["step_ms_range"][0] else 0.5
+    win = win_rate(few["steps_ms"], many["steps_ms"])
     held = few["step_ms"] < many["step_ms"] and win >= WIN
     if few["step_ms"] >= many["step_ms"]:
         reason = f"{few['label']} took {few['step_ms']:.1f} ms against {many['label']}'s {many['step_ms']:.1f}"

@@ -32,10 +32,15 @@ def unit_bytes(x: dict) -> int:
     return max(4 * (a * b + b) for a, b in zip(sizes, sizes[1:]))
 
 
+def unsharded_share(stage: int, x: dict) -> float:
+    """Return the share of 3K a stage's step holds beyond its formula: for ZeRO-3 (FSDP2) one unsharded unit's
+    parameters and gradients, else nothing."""
+    return 2 * unit_bytes(x) / (3 * x["K"]) if stage == 3 else 0.0
+
+
 def bound(stage: int, x: dict) -> float:
-    """Return the share of 3K a rank may hold at its peak: the stage's formula, plus for ZeRO-3 (FSDP2) one
-    unsharded unit's parameters and gradients."""
-    return formula(stage, x["N"]) + (2 * unit_bytes(x) / (3 * x["K"]) if stage == 3 else 0.0)
+    """Return the share of 3K a rank may hold at its peak: the stage's formula plus its unsharded share."""
+    return formula(stage, x["N"]) + unsharded_share(stage, x)
 
 
 def peak_share(row: dict, K: int) -> float:
@@ -56,7 +61,7 @@ def memory_table(x: dict) -> str:
     shown = set()
     for stage, (what, kind, _) in STAGES.items():
         r = _row(x, kind) if kind else None
-        f = f"{formula(stage, N):.3f}" + (f" + {bound(3, x) - formula(3, N):.3f} (one layer unsharded)"
+        f = f"{formula(stage, N):.3f}" + (f" + {unsharded_share(3, x):.3f} (one layer unsharded)"
                                           if stage == 3 else "")
         if r is None or "peak" not in r:
             out.append(f"| {stage} | {what} | {f} | – (not implemented here) | – | – | – | – | – |")
@@ -84,9 +89,9 @@ def _stage_check(x: dict, stage: int, name: str) -> Check:
     reason = "" if held else (
         f"at its peak the gradients were {p['grads'] / K:.2f}× K and the temporaries {p['temporary'] / K:.2f}× K, "
         f"where the formula has {'K' if stage < 2 else 'K/N'} and " +
-        (f"one layer's parameters and gradients ({2 * unit_bytes(x) / K:.2f}× K)" if stage == 3 else "none"))
+        (f"one layer's parameters and gradients ({3 * unsharded_share(3, x):.2f}× K)" if stage == 3 else "none"))
     what = f"ZeRO-{stage}'s {formula(stage, N):.3f}" + (
-        f" + one layer unsharded {limit - formula(stage, N):.3f}" if stage == 3 else "")
+        f" + one layer unsharded {unsharded_share(stage, x):.3f}" if stage == 3 else "")
     return Check(name, measured=f"{r['label']} held {share:.3f} of the full state {3 * K:,} B at its peak",
                  bound=f"{what} (+{100 * MEMORY_TOL:.0f}%)", held=held, reason=reason,
                  detail=f"At that moment: {parts}")
