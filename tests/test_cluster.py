@@ -330,3 +330,30 @@ def test_engines_on_one_machine_split_its_cores_whatever_hosts_they_name():
     from kit.cluster.engines import engine_identity
     me = engine_identity()
     assert me["cores"] == kit.env.cpu_cores() and me["machine"] == kit.env.machine_id() != ""
+
+
+
+def _fault(current: int) -> str:
+    """An engine's output after a crash: an ipyparallel log line, C++'s words, the fault handler's report with
+    three threads (zmq's, a waiting one, the main thread, listed last as Python lists it); `current`: which of the
+    three (0, 1, 2) took the signal."""
+    stacks = ['  File "/venv/zmq/sugar/attrsettr.py", line 60 in _get_attr_opt',
+              '  File "/venv/threading.py", line 320 in wait',
+              '  File "<task>", line 3 in scatter_reduce\n  File "<task>", line 9 in _ring']
+    threads = [f"{'Current thread' if i == current else 'Thread'} 0x7f0{i} (most recent call first):\n{stack}\n"
+               for i, stack in enumerate(stacks)]
+    return ("2026-12-06 22:00:00.123 [IPEngine.0] a log line\n"
+            "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+            "Fatal Python error: Segmentation fault\n\n" + "\n".join(threads))
+
+
+def test_a_crash_quotes_the_crashing_thread_and_the_main_thread_when_another_thread_took_the_signal(tmp_path):
+    from kit.cluster import engines
+    path = tmp_path / "engine.out"
+    path.write_text(_fault(current=2))      # the main thread took the signal (Gloo's abort): its stack alone
+    said = engines.last_output(str(path))
+    assert "gloo::EnforceNotMet" in said and "Segmentation fault" in said and "IPEngine" not in said, said
+    assert "scatter_reduce" in said and "_get_attr_opt" not in said and "in wait" not in said, said
+    path.write_text(_fault(current=0))      # zmq's thread took it (a heap Gloo overran): that thread, then main's
+    said = engines.last_output(str(path))
+    assert said.index("_get_attr_opt") < said.index("scatter_reduce") and "in wait" not in said, said

@@ -256,9 +256,19 @@ def last_output(path: str, lines: int = 12, since: int = 0) -> str:
         keep = out[max(0, fatal - 3):fatal + 1]
         heads = [i for i in range(fatal, len(out)) if out[i].startswith(("Current thread", "Thread 0x"))]
         cur = next((i for i in heads if out[i].startswith("Current thread")), heads[-1] if heads else len(out))
-        end = next((i for i in range(cur, len(out)) if not out[i].strip()), len(out))
-        keep += out[cur:min(end, cur + lines)]
+        keep += _stack(out, cur, lines)
+        if heads and cur != heads[-1]:
+            # another thread took the signal (seen: a heap that Gloo's unchecked ring overran, found corrupt by
+            # zmq's thread): the main thread, listed last by the fault handler, is where the task's call was
+            keep += _stack(out, heads[-1], lines)
     return "\n".join("    " + line for line in keep)
+
+
+def _stack(out: list[str], head: int, lines: int) -> list[str]:
+    """Return the fault handler's stack of one thread: its heading line out[head] and at most `lines` lines after
+    it, up to the first blank line."""
+    end = next((i for i in range(head, len(out)) if not out[i].strip()), len(out))
+    return out[head:min(end, head + lines)]
 
 
 def watch_deaths(pids: dict[int, int], on_death) -> int | None:
