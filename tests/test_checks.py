@@ -17,7 +17,7 @@ RESULTS = Path(__file__).parent.parent / "results"
 
 def _ddp_run() -> dict:
     """The committed `python -m kit.bench ddp` run, with a peak on the ZeRO-1 and FSDP2 rows at their formulas
-    (a run recorded before PeakMeter has none)."""
+    (ZeRO-1's with its ring's two receive buffers)."""
     x = copy.deepcopy(json.loads((RESULTS / "ddp.json").read_text()))
     N, K = x["N"], x["K"]
     for r in x["rows"]:
@@ -25,7 +25,7 @@ def _ddp_run() -> dict:
         if kind in ("zero", "fsdp"):
             shard = K // N
             parts = {"params": K if kind == "zero" else shard, "grads": K if kind == "zero" else shard,
-                     "optimizer": shard, "temporary": 0}
+                     "optimizer": shard, "temporary": memory.scratch_bytes(x) if kind == "zero" else 0}
             r["peak"] = {**parts, "total": sum(parts.values())}
     return x
 
@@ -174,15 +174,26 @@ def test_the_memory_check_fails_when_a_sharded_schemes_peak_exceeds_one_nth():
 def test_zero1s_memory_check_fails_when_its_step_holds_a_full_flat_copy():
     x = _ddp_run()
     zero = next(r for r in x["rows"] if r["scheme"] == "zero")
-    zero["peak"]["temporary"] = x["K"]                     # a step that copies the whole gradient beside .grad
+    assert _one(memory.memory_checks(x), "ZeRO-1 memory").held            # its state and the ring's scratch: held
+    scratch = memory.scratch_bytes(x)
+    assert scratch == 2 * 4 * -(-x["K"] // 4 // x["N"])                  # 4 MiB pieces: larger than a chunk here
+    zero["peak"]["temporary"] += x["K"]                    # a step that copies the whole gradient beside .grad
     zero["peak"]["total"] += x["K"]
-    assert "the temporaries 1.00× K" in _failed(_one(memory.memory_checks(x), "ZeRO-1 memory"))
+    text = _failed(_one(memory.memory_checks(x), "ZeRO-1 memory"))
+    assert f"the temporaries {(scratch + x['K']) / x['K']:.2f}× K" in text, text
+    assert f"the ring's two receive buffers ({scratch / x['K']:.2f}× K)" in text, text
 
 
 def test_the_memory_table_puts_each_zero_stage_beside_its_formula():
     x = _ddp_run()
-    rows = memory.memory_table(x).splitlines()[2:]
+    table, note = memory.memory_table(x).split("\n\n")
+    rows = table.splitlines()[2:]
+    assert note.startswith("≥: a lower bound. Horovod's fusion buffer")          # C++ buffers the meter cannot see
+    assert all(("| ≥ " in row) == any(k in row for k in ("Horovod", "fp16")) for row in rows), rows
     assert "not implemented here" in rows[2]                             # stage 2: formula only
+    ring = memory.scratch_bytes(x) / (3 * x["K"])                        # ZeRO-1: the ring's scratch beside the state
+    assert f"| 1 | optimizer state | {memory.formula(1, x['N']):.3f} + {ring:.3f} (the ring's two receive buffers) |" \
+        in rows[1], rows[1]
     layer = 2 * memory.unit_bytes(x) / (3 * x["K"])                      # FSDP2: one layer unsharded beside the shards
     assert f"| 3 | + parameters (FSDP) | {1 / x['N']:.3f} + {layer:.3f} (one layer unsharded) |" in rows[3]
     ddp = next(r["scheme"] for r in x["rows"] if r["scheme"].startswith("ddp:"))   # stage 0's row

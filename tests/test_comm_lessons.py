@@ -134,9 +134,12 @@ def test_notebook_03s_lab_paragraphs_give_the_runs_numbers():
                                       [2, 3, 4], 4, 96.4 * 1024)
     for s in ("At K = 4 KB latency decides (30 calls per point", "N = 2: ring 2.27 ms, one server 0.80 ms",
               "**The ring was the slower one at N = 2, 3, 4.**", "1135 µs each (median over N), 9× the",
-              "o = 213 µs per further worker", "K* = 96.4 KB for N = 4."):
+              "o = 213 µs per further worker", "K* = 96.4 KB for N = 4.",
+              "more than the link's whole α (121 µs): here the server's further messages did not overlap"):
         assert s in small, s
-    assert "not the slower one at any N" in lessons.ring_latency_note(4096, 30, ps, ring, 1e-4, 0, 1e-4, [], 4, 0)
+    overlapped = lessons.ring_latency_note(4096, 30, ps, ring, 1e-4, 0, 1e-4, [], 4, 0)
+    assert "not the slower one at any N" in overlapped and "did not overlap" not in overlapped
+    assert "less than the link's α (100 µs): the further messages' latencies overlapped" in overlapped
 
 
 def test_notebook_03s_closing_paragraph_gives_the_models_numbers():

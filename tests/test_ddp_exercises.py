@@ -19,6 +19,7 @@ def test_exercise_1_grades_ddps_bucket_rule():
 
 def test_exercise_3_verdicts_from_ranks_results():
     ok = {"err": 1e-7, "calls": 14, "async": True, "error": None}
+    assert "still uses dp.Buckets' own finish" in exercises.verdict([dict(ok, kept=["finish"])] * 2, 3)
     assert exercises.verdict([ok, ok], 3).startswith("exercise 3: correct")
     assert "not answered" in exercises.verdict([dict(ok, calls=0)] * 2, 3)
     assert exercises.verdict([ok, dict(ok, err=0.3)], 3).startswith("exercise 3: wrong")
@@ -31,7 +32,13 @@ def test_exercise_3_verdicts_from_ranks_results():
 
 
 class NoMean(dp.Buckets):
-    """Waits for every bucket's sum but forgets to divide by N."""
+    """Launches each bucket as the kit does, waits for every bucket's sum, but forgets to divide by N."""
+    def _ready(self, p):
+        return dp.Buckets._ready(self, p)
+
+    def _launch(self, b):
+        return dp.Buckets._launch(self, b)
+
     def finish(self):
         for _, _, work in self.pending:
             work.wait()
@@ -46,6 +53,16 @@ class PerGradient(dp.Overlap):
         self.buckets = dp.assign_buckets(sizes, bucket_bytes, None)
 
 
+class Deleted(dp.Buckets):
+    """The skeleton with its `...` methods deleted: dp.Buckets' own code would do the exercise."""
+
+
+class FinishOnly(dp.Buckets):
+    """Only finish written: dp.Buckets' own hooks still launch the buckets."""
+    def finish(self):
+        super().finish()
+
+
 class Skeleton:
     def __init__(self, model):
         ...
@@ -58,11 +75,15 @@ class Skeleton:
 @pytest.mark.timeout(300)
 def test_exercise_3_on_engines_right_wrong_and_unanswered(cluster3):
     cluster3.view.push({"RightBuckets": lambda m: dp.Buckets(m, 256, None), "NoMean": NoMean,
-                        "PerGradient": PerGradient, "Skeleton": Skeleton}, block=True)
+                        "PerGradient": PerGradient, "Skeleton": Skeleton, "Deleted": Deleted,
+                        "FinishOnly": FinishOnly}, block=True)
     cfg = dict(sizes=(16, 24, 5), batch=8)        # 4 tensors: 1,536, 96, 480 and 20 bytes; buckets of 256 B: 2
     said = exercises.grade_hook(cluster3, "RightBuckets", cfg)
     assert said.startswith("exercise 3: correct") and said.endswith("2 async allreduces per step, one per bucket")
     assert "4 allreduces per step for 3 buckets" in exercises.grade_hook(cluster3, "PerGradient", cfg)
     assert exercises.grade_hook(cluster3, "NoMean", cfg).startswith("exercise 3: wrong")
     assert "not answered" in exercises.grade_hook(cluster3, "Skeleton", cfg)
+    assert exercises.grade_hook(cluster3, "Deleted", cfg) == ("exercise 3: not answered yet: your class still uses "
+                                                              "dp.Buckets' own _ready, _launch, finish; write them")
+    assert "still uses dp.Buckets' own _ready, _launch;" in exercises.grade_hook(cluster3, "FinishOnly", cfg)
     assert "no 'Missing' on this engine" in exercises.grade_hook(cluster3, "Missing", cfg)

@@ -41,6 +41,10 @@ def test_the_lesson_did_not_hold_on_this_run_says_why_and_what_more_epochs_showe
     text = accuracy.run_note(run, SEEDS, checks)
     assert "on this run** **did not hold**" in text
     assert "the job took 288 optimizer steps against one process's 564 (2× fewer" in text
+    assert "fell below their own 3 seeds too (86.1%–86.3%)" in text and "did not catch up" in text
+    near = accuracy.run_checks(dict(run, acc_n=0.859), SEEDS)[0]        # 0.2 points under seeds 0.2 wide: spread
+    assert not near.held and "fell 0.2 points below the range of their own 3 seeds (86.1%–86.3%)" in near.reason
+    assert "run-to-run spread" in near.reason and "did not catch up" not in near.reason
     assert "This run's one process (87.0%) fell outside that range: 3 seeds" in text
     assert "`TRAIN_SAMPLES = None`" in text                                     # no long runs to say more
     caught = {"epochs": 48, "2_workers": [0.88, 0.881, 0.882], "1_process": [0.879, 0.881, 0.883]}

@@ -160,13 +160,14 @@ class ZeroSGD:
     summed chunk (r + 1) % N; keep momentum for that shard alone and update that shard of the parameters; allgather
     the shards into every rank's full copy. The parameters and their gradients live in two flat buffers from the
     start (each parameter and each `.grad` a view into them, as DeepSpeed keeps them), so both ring phases run in
-    place, with no copy: per rank the full parameters, the full gradient, 1/N of the optimizer state, ZeRO-1's
-    (2 + 1/N)·K. ZeRO-2 would reduce-scatter bucket by bucket during backward and keep only its 1/N of the gradient
-    (PeakMeter measures the difference). `step()` and `zero_grad()` zero the gradient buffer in place (never freed). On
-    the wire, (N-1)/N·K per phase: an allreduce's bytes. (torch.distributed's reduce-scatter on Gloo is an allreduce
-    with the rest thrown away, twice the bytes: pytorch/pytorch#118911.)"""
+    place: per rank the full parameters, the full gradient, 1/N of the optimizer state, ZeRO-1's (2 + 1/N)·K, plus
+    the ring's two receive buffers during the step (a piece each, or a chunk if smaller). ZeRO-2 would reduce-scatter
+    bucket by bucket during backward and keep only its 1/N of the gradient. `step()` and `zero_grad()` zero the
+    gradient buffer in place (never freed). On the wire, (N-1)/N·K per phase: an allreduce's bytes. (Gloo's
+    reduce-scatter is an allreduce with the rest thrown away, twice the bytes: pytorch/pytorch#118911.)"""
+    PIECE_BYTES = 4 * 2**20        # the ring's pieces: scatter-reduce receives into two buffers of this size
 
-    def __init__(self, params, lr: float, momentum: float = 0.0, piece_bytes: int = 4 * 2**20):
+    def __init__(self, params, lr: float, momentum: float = 0.0, piece_bytes: int = PIECE_BYTES):
         import torch
         import torch.distributed as dist
         from kit.comm.link import Link
@@ -201,12 +202,13 @@ class ZeroSGD:
                 p.grad = grad                                            # set to None or replaced elsewhere
 
     def step(self):
-        from kit.comm.ring import allgather, scatter_reduce
+        from kit.comm.ring import allgather, make_scratch, scatter_reduce
         mine = slice(self.lo, self.lo + self.shard)
+        scratch = make_scratch(self.flat_grad, self.world, self.piece) if self.world > 1 else []
         if self.meter:
-            self.meter.probe()                                           # the full gradient, before the ring
+            self.meter.probe(*scratch)                    # the full gradient and the ring's two receive buffers
         if self.world > 1:
-            scatter_reduce(self.flat_grad, self.rank, self.world, self.link, self.piece)  # ZeRO: phase 1, my shard
+            scatter_reduce(self.flat_grad, self.rank, self.world, self.link, self.piece, scratch)  # phase 1: my shard
         _record("reduce_scatter", self.flat_grad.numel() * self.flat_grad.element_size())
         grad = self.flat_grad[mine].div_(self.world)                     # the mean over N ranks, in place
         self.momentum.mul_(self.mu).add_(grad)                           # torch.optim.SGD's momentum rule

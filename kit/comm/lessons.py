@@ -241,7 +241,12 @@ def ring_latency_note(K: int, reps: int, ring: dict[int, dict], ps: dict[int, di
     return (f"At K = {human(K)} latency decides ({reps} calls per point, medians): {times}. {lost}Its 2(N−1) "
             f"messages in sequence cost {a_ring * 1e6:.0f} µs each (median over N), {a_ring / alpha:.0f}× the "
             "ping-pong's α: on two shared cores each step waits until N processes have been scheduled. The server's "
-            f"steps fit 2(α + (N−1)·o) with o = {o * 1e6:.0f} µs per further worker. For large N the ring loses small "
+            f"steps fit 2(α + (N−1)·o) with o = {o * 1e6:.0f} µs per further worker, " + (
+                f"more than the link's whole α ({alpha * 1e6:.0f} µs): here the server's further messages did not "
+                "overlap their latencies at all; each was paid in turn, at the pace the shared cores ran the "
+                "processes. " if o > alpha else
+                f"less than the link's α ({alpha * 1e6:.0f} µs): the further messages' latencies overlapped, and only "
+                "o was paid in turn. ") + "For large N the ring loses small "
             "messages when what each of its messages in sequence pays exceeds the server's o "
             f"({a_ring * 1e6:.0f} against {o * 1e6:.0f} µs here); the model with these numbers puts the crossover at "
             f"K* = {human(k_star)} for N = {n}.")
