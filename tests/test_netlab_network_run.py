@@ -29,8 +29,9 @@ def test_with_a_lab_the_fresh_run_with_its_arguments_plotted(monkeypatch, capsys
     monkeypatch.setattr(network_run.exchange, "experiment", lambda **kw: calls.setdefault("run", kw) and fresh)
     monkeypatch.setattr(network_run.network_plots, "plot_network", lambda x, K: calls.setdefault("plot", (x, K)))
     net, no_lab = network_run.fresh_or_committed(ns=(2, 3), sizes=(4096, 1 << 20), rate="1gbit", reps=2,
-                                                 impls=("ps", "ring"))
+                                                 impls=("ps", "ring"), link_rounds=2)
     assert (net, no_lab) == (fresh, None)
-    assert calls["run"] == {"ns": (2, 3), "sizes": (4096, 1 << 20), "rate": "1gbit", "reps": 2, "impls": ("ps", "ring")}
+    assert calls["run"] == {"ns": (2, 3), "sizes": (4096, 1 << 20), "rate": "1gbit", "reps": 2, "impls": ("ps", "ring"),
+                            "link_rounds": 2}
     assert calls["plot"] == (fresh, 1 << 20)
     assert "every sum correct: False" in capsys.readouterr().out

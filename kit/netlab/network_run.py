@@ -15,16 +15,17 @@ from kit.plots import network as network_plots
 RESULTS = os.path.join(exchange.KIT_ROOT, "results")
 
 
-def fresh_or_committed(ns, sizes, rate: str, reps: int, impls) -> tuple[dict, str | None]:
+def fresh_or_committed(ns, sizes, rate: str, reps: int, impls, link_rounds: int = 5) -> tuple[dict, str | None]:
     """Return (the run, None) after running the exchange on a lab here and plotting it, or (the committed run, why
     no lab can start here: not root with NET_ADMIN, no iproute2 or sshd) after showing its figure; then print
-    whether every sum was right and the load average (small messages wait for a core)."""
+    whether every sum was right and the load average (small messages wait for a core). link_rounds: rounds of
+    ping-pongs and streams that measure the link's α and B (exchange.measure_link)."""
     import matplotlib.pyplot as plt
     from IPython.display import Image, display
 
     no_lab = why_not()
     if no_lab is None:
-        net = exchange.experiment(ns=ns, sizes=sizes, rate=rate, reps=reps, impls=impls)
+        net = exchange.experiment(ns=ns, sizes=sizes, rate=rate, reps=reps, impls=impls, link_rounds=link_rounds)
         network_plots.plot_network(net, max(sizes))
         plt.tight_layout()
         plt.show()
