@@ -88,3 +88,51 @@ def test_the_summary_lists_the_runs_numbers_and_the_traces_verdict():
     assert "fitted to W = 0 and 2, predicted the other worker counts within 7%" in text
     assert "sweep's: held." in text and "recommended num_workers=2: predicted 38 ms/step, measured 33 ms/step" in text
     assert "sweep's: did not hold." in notes.summary(ROWS, ROWS[2], 2.74, 0.07, (0, 2), False, prof, {"step": 0.033})
+
+
+# --- appendix 01a: tf.data's buffers on the serial map ----------------------------------------------------------
+def _tf_row(name, sps, wait, compute=38.0):
+    return {"workers": name, "samples_per_s": sps, "wait_ms": wait, "compute_ms": compute}
+
+
+def test_the_prefetch_note_says_the_baseline_was_already_overlapped_and_the_loader_set_the_pace():
+    serial, pre, four = _tf_row("map", 808, 41.3), _tf_row("map + prefetch", 765, 45.7), _tf_row("p4", 791, 42.4)
+    ahead = {"load_ms": 78.0, "after_away_ms": 39.0, "away_ms": 38.0}
+    text = notes.prefetch_note(serial, pre, four, ahead, dict(ahead, after_away_ms=40.0), 64)
+    for s in ("from 41.3 to 45.7 ms (a buffer of 4 batches: 42.4 ms), the throughput -5%", "L = 78 ms", "C = 38 ms",
+              "waited 39 ms without prefetch and 40 ms with it", "the baseline was already overlapped",
+              "one batch per 78 ms at best"):
+        assert s in text, (s, text)
+    check = notes.prefetch_check(serial, [pre, four], ahead, 64)
+    assert check.held and "1000 samples/s" not in check.bound and "821 samples/s" in check.bound   # 64 / 78 ms
+    fast = notes.prefetch_check(serial, [pre, _tf_row("p4", 1400, 5.0)], ahead, 64)     # beat the loader's pace
+    text = checks.markdown([fast])
+    assert "did not hold" in text and "it beat the pace of the loader timed alone" in text
+    kept_up = notes.prefetch_note(serial, pre, four, dict(ahead, load_ms=30.0, after_away_ms=29.0), ahead, 64)
+    assert "nothing was loaded while the consumer was away" in kept_up and "kept up with the step" in kept_up
+
+
+def test_the_parallel_note_compares_map8_with_autotune_beyond_the_noise():
+    serial, auto = _tf_row("map", 808, 41.3), _tf_row("auto", 1298, 10.8)
+    assert "went further" in notes.parallel_note(auto, _tf_row("8", 1454, 3.8), serial)            # +12%
+    assert "no evidence" in notes.parallel_note(auto, _tf_row("8", 1330, 3.8), serial)             # +2%
+    assert "AUTOTUNE did better" in notes.parallel_note(auto, _tf_row("8", 1100, 3.8), serial)
+    assert "did not cut the wait" in notes.parallel_note(_tf_row("auto", 900, 40.0), auto, serial)
+
+
+def test_run_ahead_times_a_pipeline_alone_and_after_the_consumer_was_away():
+    import time
+
+    import numpy as np
+
+    from kit.data import tfdata
+
+    class Loader:                         # 30 ms a batch, loaded ahead while the consumer is away
+        def as_numpy_iterator(self):
+            ready = time.perf_counter() + 0.03
+            while True:
+                time.sleep(max(0.0, ready - time.perf_counter()))
+                ready = max(ready, time.perf_counter()) + 0.03
+                yield np.zeros((2, 1)), np.zeros(2, np.int64)
+    got = tfdata.run_ahead(Loader(), away_s=0.05, steps=3)
+    assert 25 <= got["load_ms"] <= 45 and got["after_away_ms"] < 10 and got["away_ms"] == 50.0, got

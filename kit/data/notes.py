@@ -1,5 +1,6 @@
 """Notebook 01's sentences about its run, built from the run's numbers: the fitted model and the sweep's table
-(section 4), the CPU pipeline against the cores' floor as kit.checks values (section 5), the summary (section 7).
+(section 4), the CPU pipeline against the cores' floor as kit.checks values (section 5), the summary (section 7);
+appendix 01a's tf.data section (prefetch_note, prefetch_check, parallel_note).
 
     print(fit_line(fit)); print(sweep_table(rows, FIT_WORKERS))
     display(Markdown(said + " " + model_note(held_out, worst_row, real, pace, FIT_WORKERS, ROUNDS)))
@@ -119,3 +120,59 @@ def summary(rows: list[dict], best: dict, speedup: float, worst: float, fitted, 
             f"3. The traces' data-wait share against the sweep's: {'held' if traces_held else 'did not hold'}.\n"
             f"4. `profile_loader` recommended num_workers={prof.recommended_workers}: predicted "
             f"{1e3 * prof.step_predicted:.0f} ms/step, measured {1e3 * measured['step']:.0f} ms/step.")
+
+
+# --- appendix 01a, section 3: tf.data's buffers and parallel calls -----------------------------------------------
+NOISE = 0.10     # one run per setting on a shared machine: a smaller difference is no evidence
+
+
+def prefetch_check(serial: dict, buffered: list[dict], ahead: dict, batch: int) -> Check:
+    """Whether a prefetch buffer on the serial map stayed within what overlapping alone allows: one batch per
+    max(the loader's own time per batch, the step's compute), `ahead` being run_ahead's measure of the serial map."""
+    L, C = ahead["load_ms"], serial["compute_ms"]
+    pace = 1e3 * batch / max(L, C)
+    best = max(buffered, key=lambda r: r["samples_per_s"])
+    return Check("a buffer on the serial map", measured=f"{best['samples_per_s']:.0f} samples/s with "
+                                                         f"{best['workers']}",
+                 bound=f"at most one batch per max(L = {L:.0f} ms, the map loading alone; C = {C:.0f} ms, the "
+                       f"step): {pace:.0f} samples/s (+{NOISE:.0%})",
+                 held=best["samples_per_s"] <= pace * (1 + NOISE),
+                 reason=f"it beat the pace of the loader timed alone: the map ran faster during the sweep than "
+                        f"when timed after it ({L:.0f} ms a batch)")
+
+
+def prefetch_note(serial: dict, pre: dict, four: dict, ahead: dict, ahead_pre: dict, batch: int) -> str:
+    """Return what prefetch did on the serial map and why, from the sweep's rows and run_ahead's measures of the
+    map without (`ahead`) and with (`ahead_pre`) a buffer."""
+    L, C, away = ahead["load_ms"], serial["compute_ms"], ahead["away_ms"]
+    gain = pre["samples_per_s"] / serial["samples_per_s"] - 1
+    already = ahead["after_away_ms"] < 0.7 * L
+    return (f"**Prefetch alone**: the wait per step went from {serial['wait_ms']:.1f} to {pre['wait_ms']:.1f} ms "
+            f"(a buffer of 4 batches: {four['wait_ms']:.1f} ms), the throughput {gain:+.0%} "
+            f"({pre['samples_per_s']:.0f} against {serial['samples_per_s']:.0f} samples/s). Why: timed alone, the "
+            f"serial map loads a batch in L = {L:.0f} ms; the step computes C = {C:.0f} ms. After the consumer had "
+            f"been away {away:.0f} ms, as during a step, `next()` waited {ahead['after_away_ms']:.0f} ms without "
+            f"prefetch and {ahead_pre['after_away_ms']:.0f} ms with it"
+            + (": even without a prefetch buffer, tf.data's iterator had loaded the next batch while the consumer "
+               "was away, so the baseline was already overlapped and a buffer had nothing to add. " if already else
+               ": without a buffer nothing was loaded while the consumer was away. ")
+            + (f"And a loader slower than the step sets the pace: one batch per {L:.0f} ms at best whatever the "
+               "buffer's size; only more parallel calls make the map itself faster. " if L > C else
+               "The loader kept up with the step, so a buffer can hide its time entirely. "))
+
+
+def parallel_note(auto: dict, eight: dict, serial: dict) -> str:
+    """Return what the parallel maps did: their wait against the serial map's, and map(8) against AUTOTUNE."""
+    gain = eight["samples_per_s"] / auto["samples_per_s"] - 1
+    cut = auto["wait_ms"] < 0.7 * serial["wait_ms"]
+    return ("The parallel maps load several samples at once" + (" and cut the wait further. " if cut else
+                                                                ", and did not cut the wait either on this run. ")
+            + f"**`map(8)` against `AUTOTUNE`**: {eight['samples_per_s']:.0f} against {auto['samples_per_s']:.0f} "
+              f"samples/s ({gain:+.0%}). "
+            + ("Here the explicit larger `num_parallel_calls` went further, as W did for the DataLoader: AUTOTUNE "
+               "sizes the parallelism from the cores it sees, and a latency-bound map can use more calls than cores."
+               if gain > NOISE else
+               f"Within {NOISE:.0%}, one run each: no evidence that a larger explicit `num_parallel_calls` goes "
+               "further here; AUTOTUNE had found enough parallel calls for this map." if gain > -NOISE else
+               "AUTOTUNE did better than the fixed 8 calls here: more calls than the machine can serve only add "
+               "contention."))
