@@ -167,7 +167,8 @@ def latency_note(o_fit: float, alpha: float, o: float, a_ring: float, loses: lis
             f"in sequence pays exceeds what each further message costs the server (for large N: {a_ring * 1e6:.0f} "
             f"against {o * 1e6:.0f} µs here); with these numbers it puts the crossover at K* = {human(k_star)} for "
             f"N = {n}. On a cluster, where a message waits for the link rather than for a core, the ring's α is the "
-            "link's and o is a few µs: there one server beats the ring below K* = B·((N−2)α − (N−1)o)/(N − (N−1)/N).")
+            "link's and o is the server's own CPU time per message (not measured here: this lab's o is what its "
+            "shared cores made it); there one server beats the ring below K* = B·((N−2)α − (N−1)o)/(N − (N−1)/N).")
 
 
 def extrapolation_note(ns, t_one, share: dict[int, float], compute_s: float, o: float, K: float, alpha: float,
