@@ -1,9 +1,9 @@
-"""kit.comm.lessons: notebooks 02 and 03's lessons as kit.checks values, each made to hold and to fail here, and a
-failing one says why from its numbers."""
+"""kit.comm.lessons and kit.comm.appendix_notes: notebooks 02 and 03's (and appendices 02a and 03a's) lessons as
+kit.checks values, each made to hold and to fail here, and a failing one says why from its numbers."""
 import numpy as np
 
 from kit import checks
-from kit.comm import costmodel, lessons
+from kit.comm import appendix_notes, costmodel, lessons
 
 
 def rows(seconds, model):
@@ -160,4 +160,64 @@ def test_appendix_02as_mlp_note_sets_the_exchanges_against_the_empty_ones_and_k_
     text = lessons.mlp_note(rows, [0.7, 1.14, 2.03], 2.0e9)
     for s in ("took 0.70 to 2.03 ms", "took 0.8 to 4.5 ms: 1.1× to 3.9× the empty exchange", "0.10 ms of bandwidth",
               "missed them by -58% to +77%"):
+        assert s in text, (s, text)
+
+
+def test_appendix_02as_fit_line_counts_each_models_exchanges_within_25_percent():
+    ab = dict(alpha=92e-6, B=2.66e9, B_max={1: 2.37e9, 2: 3.13e9})
+    text = appendix_notes.exchange_fit_line(ab, np.array([0.05, -0.3, 0.1]), np.array([0.2, 0.1, 0.4]))
+    for s in ("alpha = 92 us, B = 2.66 GB/s, B_max = 2.37 / 3.13 GB/s", "3 exchanges:",
+              "within 25% for 2/3 (median |error| 10%)", "2 alpha + 2NK/B: 2/3 (median |error| 20%)"):
+        assert s in text, (s, text)
+
+
+def test_appendix_02as_refined_model_holds_for_two_thirds_and_says_why_not_otherwise():
+    held = appendix_notes.refined_check(11, 14, 0.07, 0.15, 5, 10, 0.89)
+    assert held.held and "11 of the 14 exchanges (median |error| 7% against the plain model's 15%)" in held.measured
+    assert "did not hold" not in checks.markdown([held]) and "The refined model was the closer one" in held.detail
+    assert appendix_notes.refined_check(10, 15, 0.07, 0.15, 5, 10, 0.89).held        # exactly 2/3
+    neither = checks.markdown([appendix_notes.refined_check(6, 14, 0.10, 0.11, 5, 10, 0.89)])
+    assert "did not hold" in neither and "neither model was clearly the closer one" in neither
+    assert "nearer for the other 8" in neither and "fan test" not in neither
+    plain = checks.markdown([appendix_notes.refined_check(3, 14, 0.20, 0.08, 7, 10, 0.89)])
+    for s in ("did not hold", "because the plain model was the closer one, nearer for 11 of the 14",
+              "share B_max, 0.89× one stream's B", "7 of the 10 exchanges with N ≥ 2 took longer", "The fan test"):
+        assert s in plain, (s, plain)
+
+
+def test_appendix_03as_gap_note_and_summary_give_the_runs_numbers():
+    K = 16 << 20
+    text = appendix_notes.ring_gap_note(K, 138e-6, 2.69e9, 22.3e-3, 6.5e-3, 705e-6, 0.86e9)
+    for s in ("At N = 2 and 16 MB", "predicts 6.5 ms; the ring took 22.3 ms on a fresh cluster, 3.4× the model",
+              "fits B = 0.86 GB/s, 32% of the ping-pong's", "α = 705 µs is 5× the ping-pong's 138 µs"):
+        assert s in text, (s, text)
+    at = {"kit ring": 0.84, "Horovod (Gloo)": 0.5, "Horovod (MPI)": 0.92, "torch.distributed (gloo)": 0.89}
+    summary = appendix_notes.one_host_summary(64 << 20, at, 100, dict(one_by_one=0.311, fused=0.009), K, 2, 4,
+                                              2.75, 1.56, 3.4)
+    for s in ("At 64 MB, N = 2: kit ring busbw 0.84 GB/s, Horovod 0.50 (Gloo) / 0.92 (MPI) GB/s, torch.distributed "
+              "0.89 GB/s.", "100 tensors of 4 KB: one by one 311 ms, fused 9.0 ms",
+              "grew 175% from N = 2 to 4 at 16 MB, the model 56%, and at N = 2 it was 3.4× the model"):
+        assert s in summary, (s, summary)
+
+
+def test_appendix_03as_own_line_check_fails_outside_its_band_and_names_a_run_to_run_difference():
+    K = 16 << 20
+    fits = appendix_notes.own_line_check(K, 22.3e-3, 6.5e-3, 21.0e-3, 19.9e-3)
+    text = checks.markdown([fits])
+    assert fits.held and "22.3 ms, 1.1× the 21.0 ms" in text and "the ping-pong's (3.4×) does not" in text
+    assert "the same call at the same size took 19.9 ms" in text and "run-to-run" not in text
+    apart = checks.markdown([appendix_notes.own_line_check(K, 32.3e-3, 6.5e-3, 21.0e-3, 19.9e-3)])
+    for s in ("did not hold", "1.5× the 21.0 ms", "because even the ring's own straight line misses its 16 MB call",
+              "1.6× the sweep's, a run-to-run difference on this shared machine"):
+        assert s in apart, (s, apart)
+    line = checks.markdown([appendix_notes.own_line_check(K, 32.3e-3, 6.5e-3, 21.0e-3, None)])
+    assert "did not hold" in line and "misses its 16 MB call." in line and "sweep's" not in line
+
+
+def test_appendix_03as_growth_check_holds_when_the_ring_grew_more_than_the_model():
+    held = appendix_notes.ring_growth_check(16 << 20, 2, 4, 2.75, 1.56, 3.4)
+    assert held.held and "grew by 175%" in held.measured and "model's 56%" in held.bound
+    text = checks.markdown([appendix_notes.ring_growth_check(16 << 20, 2, 4, 1.3, 1.56, 3.4)])
+    for s in ("did not hold", "grew by 30% (bound: more than the model's 56%)",
+              "because it grew less than the model in this run, but from an N = 2 point already 3.4× the model"):
         assert s in text, (s, text)

@@ -1,8 +1,9 @@
 """Notebook 04's prose from its runs' numbers: the linear scaling rule's and the accuracy lesson's checks
-(kit.mnist.accuracy), the elastic run's account (kit.mnist.elastic.note) and the closing summary
-(kit.mnist.summary), on synthetic numbers; every check made to hold and to fail."""
+(kit.mnist.accuracy), the elastic run's account (kit.mnist.elastic.note), the lab section (kit.mnist.lab.note) and
+the closing summary (kit.mnist.summary); appendix 04a's (kit.mnist.step_time); on synthetic numbers, every check
+made to hold and to fail."""
 from kit.checks import markdown
-from kit.mnist import BATCH, accuracy, elastic, summary
+from kit.mnist import BATCH, accuracy, elastic, lab, step_time, summary
 
 RUN = dict(workers=2, epochs=12, n_train=6000, dataset="fashion_mnist", acc_n=0.867, acc_1=0.864, steps_n=24,
            steps_1=47, seconds_n=39.2, seconds_1=66.4)
@@ -115,3 +116,74 @@ def test_the_summary_lists_what_the_run_measured():
     assert "(below one process's range" in summary.measured(below, SEEDS, accuracy.run_checks(below, SEEDS), 0.97,
                                                              {4: 0.98}, False, (11, 12), lab)
     assert "seeds)" not in summary.measured(RUN, None, [], 0.97, {4: 0.98}, True, (12, 12), lab)
+
+
+def _lab_run(n, rate, speedup, step_s, allreduce_s, link_s, busy, steps=30):
+    return dict(n=n, rate=rate, samples_per_s=1000 * speedup, speedup=speedup, step_s=step_s, allreduce_s=allreduce_s,
+                allreduce_share=allreduce_s / step_s, link_s=link_s, cores_busy=[busy] * n, steps=steps, batch=128)
+
+
+# one worker 1,000 samples/s in 128 ms; on 2 hosts both lab checks hold (1.90x >= 1.1 x 1.50x; 43 ms <= 50 ms)
+LAB = {"gradient_bytes": 4_800_000, "cores": 2, "machine": {"date": "2026-12-01T10:00:00"},
+       "one_worker": {"n": 1, "samples_per_s": 1000.0, "step_s": 0.128, "allreduce_s": 0.0, "cores_busy": [1.0]},
+       "runs": [_lab_run(2, "1gbit", 1.50, 0.1707, 0.050, 0.0384, 0.98),
+                _lab_run(2, "10gbit", 1.90, 0.1347, 0.020, 0.00384, 0.99),
+                _lab_run(4, "10gbit", 2.10, 0.240, 0.090, 0.0058, 0.49)]}
+# the committed benchmark: both fail (1.84x < 1.1 x 1.78x; a step 54 ms over one worker's, its allreduce 45 ms)
+BENCH = {**LAB, "one_worker": {**LAB["one_worker"], "step_s": 0.110},
+         "runs": [_lab_run(2, "1gbit", 1.78, 0.164, 0.045, 0.0384, 0.71, 80),
+                  _lab_run(2, "10gbit", 1.84, 0.120, 0.022, 0.00384, 0.80, 80)]}
+
+
+def test_the_lab_note_tells_this_runs_exchange_checks_lesson_benchmark_and_four_hosts():
+    text = lab.note(LAB, BENCH, "In this run", None)
+    for number in ("In this run, one worker alone trained 1,000 samples/s (128 ms per step). On 2 hosts the 4.8 MB",
+                   "spent 50 ms per step in the allreduce over 1 Gbit/s links, where the wire alone needs 38 ms",
+                   "and 20 ms over 10 Gbit/s, where it needs 3.8 ms", "The lab's checks:\n\n- **1 vs 10 Gbit/s on 2 "
+                   "hosts** held: 1.50× one worker", "- **only the exchange slows a step** held: at 1 Gbit/s a step "
+                   "took 43 ms more", "The wire alone needs one worker's whole step (128 ms)",
+                   "(`python -m kit.bench mnist_lab`, 2026-12-01) ran 2 hosts at 1.78× and 1.84×:",
+                   "the allreduce took 45 ms in the benchmark and 50 ms here (about the same)",
+                   "With 4 hosts, 4 workers share this machine's 2 cores", "(each worker busy 0.49 of a core): a step "
+                   "took 240 ms even at 10 Gbit/s", "stretched with it (90 ms)"):
+        assert number in text
+    bench = text[text.index("The committed benchmark"):]
+    assert "did not hold" not in text[:text.index("The committed benchmark")]
+    assert bench.count("**did not hold** on this run") == 2
+    assert "because the 1 Gbit/s step was only 44 ms longer although its allreduce took 23 ms longer" in bench
+    assert "because a worker kept only 0.71 of a core busy" in bench
+
+
+def test_the_lab_note_without_a_lab_leaves_out_the_benchmark_and_says_why_its_checks_failed():
+    source = "No lab on this machine (not root): in the committed run of `python -m kit.bench mnist_lab`"
+    text = lab.note(BENCH, BENCH, source, "not root")
+    assert text.startswith(source + ", one worker alone trained 1,000 samples/s (110 ms per step)")
+    assert "The committed benchmark" not in text and "With 4 hosts" not in text and lab.crowded_note(BENCH) == ""
+    assert text.count("**did not hold** on this run") == 2 and "because a worker kept only 0.71 of a core" in text
+    assert "With 4 hosts" in lab.note(LAB, BENCH, source, "not root")
+
+
+PER_STEP = {"NEGOTIATE_ALLREDUCE": (0.0592, 0.0246), "ALLREDUCE": (0.05, 0.03), "GLOO_ALLREDUCE": (0.031, 0.016)}
+
+
+def test_the_timeline_note_says_whether_the_allreduces_went_out_together():
+    text = step_time.overlap_note(4, 8, False, PER_STEP)
+    for number in ("**4 of the 8** gradient tensors", "so the other 4 started earlier, while backward still ran",
+                   "(NEGOTIATE) during 24.6 ms", "the Gloo exchange itself ran during 16.0 ms",
+                   "the NEGOTIATE bars add up to 59.2 ms"):
+        assert number in text
+    together = step_time.overlap_note(7, 8, True, PER_STEP)
+    assert "**7 of the 8**" in together and "the allreduces go out together at the end" in together
+    assert "started earlier" not in together
+
+
+def test_the_appendix_summary_lists_what_its_run_measured():
+    text = step_time.measured(4, 8, False, PER_STEP, 1222.3, 2298.1, 2, 2121.2, identical=True)
+    for number in ("1. Per step (median), 4 of 8 gradient allreduces", "the other 4 started earlier, overlapping",
+                   "covered 24.6 ms of wall clock, the exchange 16.0 ms.", "1 worker 1,222 samples/s, 2 workers 2,298 "
+                   "samples/s (1.88x, efficiency 94%)", "the no-overlap model predicted 2,121.",
+                   "3. The PyTorch replicas ended identical: True."):
+        assert number in text
+    other = step_time.measured(8, 8, True, PER_STEP, 1000.0, 1500.0, 2, 1800.0, identical=False)
+    assert "together at the end of the step, barely overlapping backward" in other and "identical: False" in other
+    assert "(1.50x, efficiency 75%)" in other

@@ -1,6 +1,7 @@
 """Notebook 01's sentences about its run, built from the run's numbers: the fitted model and the sweep's table
 (section 4), the CPU pipeline against the cores' floor as kit.checks values (section 5), the summary (section 7);
-appendix 01a's tf.data section (prefetch_note, prefetch_check, parallel_note).
+appendix 01a's persistent workers (persistent_note), tf.data section (prefetch_note, prefetch_check,
+parallel_note) and summary (knobs_summary).
 
     print(fit_line(fit)); print(sweep_table(rows, FIT_WORKERS))
     display(Markdown(said + " " + model_note(held_out, worst_row, real, pace, FIT_WORKERS, ROUNDS)))
@@ -122,6 +123,26 @@ def summary(rows: list[dict], best: dict, speedup: float, worst: float, fitted, 
             f"{1e3 * prof.step_predicted:.0f} ms/step, measured {1e3 * measured['step']:.0f} ms/step.")
 
 
+# --- appendix 01a, section 1: persistent_workers -----------------------------------------------------------------
+LITTLE = 0.02    # a saving below this share of an epoch is little
+
+
+def persistent_note(later: dict, saved: float, steps: int, epoch: float) -> str:
+    """Return what persistent workers saved: the first batch's wait (s) from epoch 2 on (`later`, keyed by
+    persistent_workers), the `saved` difference, and its share of one epoch of `steps` steps taking `epoch` s."""
+    verdict = ("little here, because these workers are small processes that import nothing heavy; it grows with "
+               "each worker's start-up (heavy imports, a big dataset object to send) and with shorter epochs."
+               if saved / epoch < LITTLE else
+               "worth having even here; it grows with each worker's start-up (heavy imports, a big dataset object) "
+               "and with shorter epochs.")
+    return ("The first batch of an epoch still costs a batch's loading: the workers start on it when the epoch "
+            "starts. What persistent workers save is starting the processes again: from the second epoch on, the "
+            f"first batch waited {1e3 * later[True]:.0f} ms with persistent workers against "
+            f"{1e3 * later[False]:.0f} ms with new ones, {1e3 * saved:.0f} ms ({saved / later[False]:.0%} of that "
+            f"wait) once per epoch. Against one epoch of this data set ({steps} steps, about {epoch:.1f} s) that "
+            f"is {saved / epoch:.1%} of the epoch: " + verdict)
+
+
 # --- appendix 01a, section 3: tf.data's buffers and parallel calls -----------------------------------------------
 NOISE = 0.10     # one run per setting on a shared machine: a smaller difference is no evidence
 
@@ -176,3 +197,15 @@ def parallel_note(auto: dict, eight: dict, serial: dict) -> str:
                "further here; AUTOTUNE had found enough parallel calls for this map." if gain > -NOISE else
                "AUTOTUNE did better than the fixed 8 calls here: more calls than the machine can serve only add "
                "contention."))
+
+
+# --- appendix 01a, summary -----------------------------------------------------------------------------------------
+def knobs_summary(pf: dict, workers: int, k_best: dict, k_loop: dict, t_best: dict, t_plain: dict) -> str:
+    """Return the appendix's numbered list: samples/s per prefetch_factor (`pf`) with `workers` workers, the best
+    Keras row against loading in the loop (`k_loop`), the best tf.data row against the plain map (`t_plain`)."""
+    return (f"1. `prefetch_factor` 1, 2, 4 with {workers} workers: " + ", ".join(f"{v:.0f}" for v in pf.values())
+            + " samples/s.\n"
+            f"2. Keras `PyDataset`: best {k_best['samples_per_s']:.0f} samples/s with {k_best['workers']}, against "
+            f"{k_loop['samples_per_s']:.0f} loading in the loop.\n"
+            f"3. tf.data: best {t_best['samples_per_s']:.0f} samples/s with {t_best['workers']}, against "
+            f"{t_plain['samples_per_s']:.0f} without parallel map or prefetch.")

@@ -1,9 +1,10 @@
 """Horovod + Keras MNIST (notebook 04): the model and its data (model), TensorFlow imported quietly (tfimport), Keras
 callbacks (callbacks), synthetic throughput (throughput), the training script (`python -m kit.mnist.train`) run as a
 job (script), checkpoints (checkpoint), Horovod's timeline (timeline), the accuracy lesson and the linear scaling
-rule, their checks and prose (accuracy), elastic training (elastic), the lab runs (lab) and the notebook's closing
-summary (summary). The names below are those notebooks 04 and 04a, the training script and the docs use; each is
-defined in the module named beside it."""
+rule, their checks and prose (accuracy), elastic training (elastic), the lab runs and their prose (lab), the
+notebook's closing summary (summary) and appendix 04a's prose on where a step's time goes (step_time). The names
+below are those notebooks 04 and 04a, the training script and the docs use; each is defined in the module named
+beside it."""
 from kit.mnist.model import (
     BATCH, EPOCHS, BASE_LR, WARMUP_EPOCHS, DECAY, SCHEDULE, build_model, prepare, subset, shard, steps_per_epoch,
     decay_start, weights_digest)

@@ -3,6 +3,7 @@
     with kit.netlab.start(hosts=4) as lab:
         runs = kit.mnist.lab.scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"))
     kit.plots.plot_lab_scaling(runs)                  # samples/s and the allreduce's share of a step
+    Markdown(kit.mnist.lab.note(runs, bench, "In this run", no_lab=None))   # the section's prose, its checks
 
 Each run is `horovodrun --gloo -np N -H h1:1,...,hN:1 python scripts/train_keras_mnist.py --synthetic-steps S`
 started on h1, one worker per host, with Horovod's timeline on: samples/s from the script, the exchange time per
@@ -204,3 +205,54 @@ def compare(result: dict, bench: dict, n: int = 2) -> str:
                "hid behind the backward pass." if same_wire and busy - b_busy >= 0.1 else
                "The two runs' own numbers do not single out one cause; the spread between runs on this shared "
                "machine is as large as the difference."))
+
+
+def _at(result: dict) -> dict:
+    """Return `result`'s runs keyed by (hosts, rate)."""
+    return {(r["n"], r["rate"]): r for r in result["runs"]}
+
+
+def exchange_note(result: dict, source: str, n: int = 2) -> str:
+    """Return the section's opening: one worker's speed, then `n` hosts' allreduce at 1 and 10 Gbit/s beside the
+    wire's own time; `source` says where the numbers come from ("In this run", or the committed run)."""
+    one, slow, fast = result["one_worker"], _at(result)[n, "1gbit"], _at(result)[n, "10gbit"]
+    return (f"{source}, one worker alone trained {one['samples_per_s']:,.0f} samples/s ({1e3 * one['step_s']:.0f} "
+            f"ms per step). On {n} hosts the {result['gradient_bytes'] / 1e6:.1f} MB of gradients spent "
+            f"{1e3 * slow['allreduce_s']:.0f} ms per step in the allreduce over 1 Gbit/s links, where the wire alone "
+            f"needs {1e3 * slow['link_s']:.0f} ms, and {1e3 * fast['allreduce_s']:.0f} ms over 10 Gbit/s, where it "
+            f"needs {1e3 * fast['link_s']:.1f} ms (the rest is Gloo's software on shared cores, not the wire).")
+
+
+def bench_note(result: dict, bench: dict, n: int = 2) -> str:
+    """Return the committed benchmark `bench` beside this run `result`: its speed-ups on `n` hosts, its checks
+    (claims) and why the two disagree (compare)."""
+    from kit.checks import markdown
+    at = _at(bench)
+    return (f"The committed benchmark (`python -m kit.bench mnist_lab`, {bench['machine']['date'][:10]}) ran {n} "
+            f"hosts at {at[n, '1gbit']['speedup']:.2f}× and {at[n, '10gbit']['speedup']:.2f}×:\n\n"
+            + markdown(claims(bench, n)) + "\n\n" + compare(result, bench, n))
+
+
+def crowded_note(result: dict) -> str:
+    """Return what the 4-host run at 10 Gbit/s measured (this machine's cores shared, two workers to a core), or ""
+    where `result` has no such run."""
+    four = _at(result).get((4, "10gbit"))
+    if four is None:
+        return ""
+    return (f"With 4 hosts, 4 workers share this machine's {result['cores']} cores, {4 / result['cores']:g} to a core "
+            f"(each worker busy "
+            f"{sum(four['cores_busy']) / 4:.2f} of a core): a step took {1e3 * four['step_s']:.0f} ms even at 10 "
+            f"Gbit/s, and the allreduce stretched with it ({1e3 * four['allreduce_s']:.0f} ms). Those points measure "
+            f"this box; on a real cluster each host brings its own cores and only the wire's 2(N−1)/N × K / B grows "
+            f"with N.")
+
+
+def note(result: dict, bench: dict, source: str, no_lab: str | None) -> str:
+    """Return the lab section's Markdown: the exchange on 2 hosts, the lab's checks, the lesson, the committed
+    benchmark beside this run (where the lab ran here: `no_lab` is None) and the 4-host run (where there is one)."""
+    from kit.checks import markdown
+    parts = [exchange_note(result, source) + " The lab's checks:", markdown(claims(result)), lesson(result)]
+    if no_lab is None:
+        parts.append(bench_note(result, bench))
+    four = crowded_note(result)
+    return "\n\n".join(parts + ([four] if four else []))
