@@ -157,7 +157,7 @@ def test_notebook_03s_closing_paragraph_gives_the_models_numbers():
 def test_appendix_02as_mlp_note_sets_the_exchanges_against_the_empty_ones_and_k_over_b():
     rows = [dict(N=1, k=1, K=200_000, measured_ms=0.8, empty_ms=0.7, error=-0.58),
             dict(N=4, k=1, K=200_000, measured_ms=4.5, empty_ms=1.14, error=0.77)]
-    text = lessons.mlp_note(rows, [0.7, 1.14, 2.03], 2.0e9)
+    text = appendix_notes.mlp_note(rows, [0.7, 1.14, 2.03], 2.0e9)
     for s in ("took 0.70 to 2.03 ms", "took 0.8 to 4.5 ms: 1.1× to 3.9× the empty exchange", "0.10 ms of bandwidth",
               "missed them by -58% to +77%"):
         assert s in text, (s, text)

@@ -1,5 +1,6 @@
 """Appendices 02a and 03a's sentences about their runs, from the runs' numbers: 02a's exchanges against the plain
-and the refined one-host model (which was the closer, a kit.checks.Check); 03a's ring on one box against the α–β
+and the refined one-host model (which was the closer, a kit.checks.Check) and notebook 02's MLP exchanges against
+the empty ones (mlp_note); 03a's ring on one box against the α–β
 model (the gap at N = 2, the ring's own fitted line and its growth with N, as Checks) and 03a's summary.
 
     print(exchange_fit_line(ab, errs, plain))
@@ -54,6 +55,20 @@ def refined_check(closer: int, n: int, refined_med: float, plain_med: float, slo
                                                f"|error| {refined_med:.0%} against the plain model's {plain_med:.0%})",
                  bound="nearer for at least 2/3 of them; for at most 1/3 the plain one is the closer, between them "
                        "neither", held=held, reason=reason, detail=detail)
+
+
+def mlp_note(rows: list[dict], empty_ms, B: float) -> str:
+    """Return appendix 02a's account of notebook 02's MLP exchanges (`rows`: ps_measure.summarise rows with
+    `empty_ms`, the empty exchange at the same N and k) against the empty exchanges `empty_ms` and K/B."""
+    ratio = [r["measured_ms"] / r["empty_ms"] for r in rows]
+    err = [r["error"] for r in rows]
+    K = rows[0]["K"]
+    return (f"The empty exchanges of this run took {min(empty_ms):.2f} to {max(empty_ms):.2f} ms over the N, k "
+            f"tried. The MLP's exchanges, with compute between them, took {min(r['measured_ms'] for r in rows):.1f} "
+            f"to {max(r['measured_ms'] for r in rows):.1f} ms: {min(ratio):.1f}× to {max(ratio):.1f}× the empty "
+            f"exchange at the same N and k, while its K = {human(K)} is {1e3 * K / B:.2f} ms of bandwidth at this "
+            f"run's B. The model missed them by {min(err):+.0%} to {max(err):+.0%}, against the 25% the large "
+            "exchanges were held to.")
 
 
 # ----------------------------------------------------------------------------- appendix 03a

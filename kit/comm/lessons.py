@@ -265,16 +265,3 @@ def at_scale_note(engines: int, plain_ms: float, kit_ms: float, alpha: float, B:
             f"{t_comm_ps(n, small, alpha, B) * 1e3:.1f} ms (o = 0): its latencies in sequence lose below "
             f"{human(crossover_bytes(n, alpha, B))}.")
 
-
-def mlp_note(rows: list[dict], empty_ms, B: float) -> str:
-    """Return appendix 02a's account of notebook 02's MLP exchanges (`rows`: ps_measure.summarise rows with
-    `empty_ms`, the empty exchange at the same N and k) against the empty exchanges `empty_ms` and K/B."""
-    ratio = [r["measured_ms"] / r["empty_ms"] for r in rows]
-    err = [r["error"] for r in rows]
-    K = rows[0]["K"]
-    return (f"The empty exchanges of this run took {min(empty_ms):.2f} to {max(empty_ms):.2f} ms over the N, k "
-            f"tried. The MLP's exchanges, with compute between them, took {min(r['measured_ms'] for r in rows):.1f} "
-            f"to {max(r['measured_ms'] for r in rows):.1f} ms: {min(ratio):.1f}× to {max(ratio):.1f}× the empty "
-            f"exchange at the same N and k, while its K = {human(K)} is {1e3 * K / B:.2f} ms of bandwidth at this "
-            f"run's B. The model missed them by {min(err):+.0%} to {max(err):+.0%}, against the 25% the large "
-            "exchanges were held to.")
