@@ -66,6 +66,11 @@ def test_notebook_02s_lab_paragraphs_give_the_runs_numbers():
     assert "α = 157 µs (median of 5 ping-pong rounds; they ranged 79–1030 µs), B = 121 MB/s over 1gbit" in \
         lessons.link_note(157e-6, 121e6, {"alpha_range": [79e-6, 1030e-6], "rounds": 5}, "1gbit")
     assert "median of 1 ping-pong rounds; they ranged 157–157 µs" in lessons.link_note(157e-6, 121e6, {}, "1gbit")
+    assert "bare sockets" not in lessons.link_note(157e-6, 121e6, {}, "1gbit")          # an older run's JSON
+    parts = lessons.link_note(157e-6, 121e6, {"alpha_range": [79e-6, 1030e-6], "rounds": 5, "socket_alpha": 5.2e-6,
+                                              "socket_alpha_range": [4.9e-6, 6.1e-6]}, "1gbit")
+    assert "bare sockets (a 4-byte echo between two plain processes, in the same rounds): 5 µs one way (5–6 over " \
+           "the rounds), 3% of α. The rest is software" in parts
     ps = lab_rows((2.276, 3.4, 4.571), (2.2, 3.3, 4.4), tx=(0, 0, 4.008 * K), rx=(0, 0, 4.012 * K))
     byteps = lab_rows((0.577, 0.7, 0.893), (0.56, 0.7, 0.84), tx=(0, 0, 1.002e6), model_bytes=1e6)
     ring = lab_rows((0.569, 0.7, 0.854), (0.56, 0.7, 0.84))
@@ -103,6 +108,10 @@ def test_notebook_02s_extrapolation_gives_the_models_numbers():
               "37% of the time at N = 64 and 38% at N = 512", "o = 304 µs",
               f"({costmodel.t_comm_ring(512, K, a, B):.2f} s at N = 512"):
         assert s in text, s
+    bare = costmodel.t_comm_ps(512, K, a, B, 1, 0)
+    assert f"it is {t_one[-1] - bare:.2f} s (with o = 0: {bare:.0f} s): the bytes, not o, make" in text
+    slow_o = lessons.extrapolation_note(ns, costmodel.t_comm_ps(ns, 4096, a, B, 1, o), share, 0.25, o, 4096, a, B)
+    assert "o, more than the bytes, make the server collapse" in slow_o       # small K: o dominates
 
 
 def test_the_kits_ring_beats_the_plain_ring_or_says_why_not():
@@ -129,6 +138,9 @@ def test_notebook_03s_lab_paragraphs_give_the_runs_numbers():
               "kit ring 94%, Horovod (Gloo) 71%."):
         assert s in text, s
     assert "over 3 calls" not in lessons.ring_lab_note(*args, reps=3, ranges=False)     # the committed JSON
+    link.update(socket_alpha=6e-6, socket_alpha_range=[5e-6, 7e-6])
+    assert "same for every N). The same two hosts with bare sockets" in lessons.ring_lab_note(*args, reps=3,
+                                                                                              ranges=True)
     small = lessons.ring_latency_note(4096, 30, lab_rows((2.27e-3, 4.2e-3, 7.87e-3), (1, 1, 1)),
                                       lab_rows((8e-4, 2.23e-3, 1.62e-3), (1, 1, 1)), 121e-6, 213e-6, 1135e-6,
                                       [2, 3, 4], 4, 96.4 * 1024)

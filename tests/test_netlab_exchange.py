@@ -75,6 +75,8 @@ def test_link_and_times_near_the_model(x):
     link = x["link"]
     assert all(v is link for v in x["links"].values())          # one measurement for every N of the comparison
     assert link["alpha_range"][0] <= link["alpha"] <= link["alpha_range"][1]
+    lo, hi = link["socket_alpha_range"]        # bare sockets on the same link: no slower than Gloo's ping-pong
+    assert 0 < lo <= link["socket_alpha"] <= hi and link["socket_alpha"] <= link["alpha"], link
     rate = link["rate_bytes_per_s"]
     assert 0.7 * rate <= link["B"] <= 1.1 * rate, link          # the ping-pong sees the link's rate
     assert all(0.8 * rate <= v <= 1.05 * rate for v in link["stream"].values()), link["stream"]

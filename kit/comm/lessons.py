@@ -115,10 +115,26 @@ def _grew(rows: dict[int, dict], lo: int, hi: int, key: str = "seconds") -> floa
 
 
 def link_note(alpha: float, B: float, link: dict, rate: str) -> str:
-    """Return notebook 02's line on the lab's one link measurement: α (median and range of its rounds) and B."""
+    """Return notebook 02's line on the lab's one link measurement: α (median and range of its rounds) and B, and
+    how much of α is the link's (`alpha_parts`)."""
     lo, hi = link.get("alpha_range", [alpha, alpha])
     return (f"**One α and one B for every N**: α = {alpha * 1e6:.0f} µs (median of {link.get('rounds', 1)} ping-pong "
-            f"rounds; they ranged {lo * 1e6:.0f}–{hi * 1e6:.0f} µs), B = {B / 1e6:.0f} MB/s over {rate} links.")
+            f"rounds; they ranged {lo * 1e6:.0f}–{hi * 1e6:.0f} µs), B = {B / 1e6:.0f} MB/s over {rate} links."
+            + alpha_parts(alpha, link))
+
+
+def alpha_parts(alpha: float, link: dict) -> str:
+    """Return the sentence that splits the ping-pong's α into the link's part (a bare socket's 4-byte one-way time on
+    the same two hosts, measured in the same rounds: link["socket_alpha"]) and the rest: the software's, Gloo's
+    and the engines' threads waking on shared cores. "" for a run without the socket measure (older JSON)."""
+    if "socket_alpha" not in link:
+        return ""
+    s, (lo, hi) = link["socket_alpha"], link["socket_alpha_range"]
+    return (f" The same two hosts with bare sockets (a 4-byte echo between two plain processes, in the same rounds): "
+            f"{s * 1e6:.0f} µs one way ({lo * 1e6:.0f}–{hi * 1e6:.0f} over the rounds), {s / alpha:.0%} of α. The "
+            "rest is software: Gloo's and the engines' threads being woken and scheduled on this machine's shared "
+            "cores. That part moves with whatever else runs at the moment, which is why α differs from round to "
+            "round and from one notebook's run to another's on the same link, while the link's own part holds still.")
 
 
 def bandwidth_note(K: int, ps: dict[int, dict], byteps: dict[int, dict], ring: dict[int, dict]) -> str:
@@ -176,14 +192,18 @@ def extrapolation_note(ns, t_one, share: dict[int, float], compute_s: float, o: 
     """Return notebook 02's extrapolation paragraph: one server's time (`t_one`, one per N of `ns`) against the
     compute, the k = 64 column's latency `share` ({N: fraction}), and the ring's time and latency at the largest N."""
     n = ns[-1]
+    bare = t_comm_ps(n, K, alpha, B, 1, 0)       # the same server without the lab's o
     return (f"One server: already at N={ns[0]} communication takes {t_one[0]:.2f} s per step, "
             f"{t_one[0] / compute_s:.1f}× the assumed {compute_s} s of compute; at N={n} it takes {t_one[-1]:.0f} s, "
             f"so {n} workers train at {compute_s / (compute_s + t_one[-1]):.2%} efficiency. The time grows linearly "
             "in N because every byte passes through the one server's link. k servers divide the bytes by k but need "
             "k links and still grow linearly in N/k. Latency is not negligible everywhere: in the k = 64 column it is "
             f"{share[64]:.0%} of the time at N = 64 and {share[n]:.0%} at N = {n}, with this lab's o = "
-            f"{o * 1e6:.0f} µs paid once per worker. Notebook 03's ring keeps each link's traffic at 2(N−1)/N·K each "
-            "way, under 2K whatever N, and pays in latency: 2(N−1) messages one after another per step "
+            f"{o * 1e6:.0f} µs paid once per worker. That o is what this lab's shared cores made of each further "
+            f"message; of one server's {t_one[-1]:.0f} s at N = {n} it is {t_one[-1] - bare:.2f} s (with o = 0: "
+            f"{bare:.0f} s): {'the bytes, not o,' if bare > t_one[-1] / 2 else 'o, more than the bytes,'} make the "
+            "server collapse. Notebook 03's ring keeps each link's traffic at 2(N−1)/N·K each way, under 2K "
+            "whatever N, and pays in latency: 2(N−1) messages one after another per step "
             f"({t_comm_ring(n, K, alpha, B):.2f} s at N = {n}, {latency_share('ring', n, K, alpha, B):.0%} of it "
             "latency).")
 
@@ -219,7 +239,8 @@ def ring_lab_note(K: int, ring: dict[int, dict], ps: dict[int, dict], alpha: flo
     fit = lambda r: f"{r['seconds'] / r['model_s']:.2f}"                                            # noqa: E731
     sent = np.mean(ring[hi]["tx"]) / ring[hi]["model_bytes"]
     return (f"Over {rate} links (ping-pong: α = {alpha * 1e6:.0f} µs, median of {link.get('rounds', 1)} rounds that "
-            f"ranged {a_lo * 1e6:.0f}–{a_hi * 1e6:.0f} µs; B = {B / 1e6:.0f} MB/s; the same for every N), "
+            f"ranged {a_lo * 1e6:.0f}–{a_hi * 1e6:.0f} µs; B = {B / 1e6:.0f} MB/s; the same for every N)."
+            f"{alpha_parts(alpha, link)} "
             f"K = {human(K)}: the kit's ring took {_ms(ring[lo])}{spread(ring[lo])} at N = {lo} and "
             f"{_ms(ring[hi])}{spread(ring[hi])} at N = {hi} (medians), {_grew(ring, lo, hi):.2f}× (the model: "
             f"{_grew(ring, lo, hi, 'model_s'):.2f}×; its bandwidth term 2(N−1)/N alone: "

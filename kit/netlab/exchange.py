@@ -1,7 +1,8 @@
 """The ring and the parameter server where the network is the bottleneck: one experiment on emulated hosts.
 
     x = experiment(ns=(2, 4), sizes=(4 << 10, 64 << 20), rate="1gbit")
-    x["link"]       # alpha and B from ping-pongs between h1 and h2 (median of rounds, with their min-max), stream
+    x["link"]       # alpha and B from ping-pongs between h1 and h2 (median of rounds, with their min-max), the
+                    # link's own latency with bare sockets (socket_alpha), stream
     x["latency"]    # how the messages' latency is paid: the PS's alpha and per-message overhead o, the ring's
     x["rows"]       # one per (N, implementation, K): seconds, busbw, bytes each host sent/received, the model
 
@@ -33,6 +34,7 @@ import numpy as np
 from kit.comm.byteps import allreduce_colocated
 from kit.comm.costmodel import busbw, fit_alpha_beta, fit_latency, pingpong, predict, ring_bytes, t_comm_ps
 from kit.netlab.counters import counters, payload
+from kit.netlab import rate as netlab_rate
 from kit.netlab.lab import start as start_lab
 from kit.netlab.system import parse_rate
 
@@ -174,16 +176,20 @@ def _hosts(lab, n: int):
 def measure_link(lab, cluster, repeats: int = 50, rounds: int = 5) -> dict:
     """Return alpha and B from `rounds` ping-pongs between h1 and h2 (engines 0 and 1): small messages `repeats`
     times, large ones 5 times, each size's median; alpha and B fitted per round, then their medians and min-max
-    over the rounds; and the TCP stream rate."""
-    fits, ping = [], lambda sizes, n: cluster.wait(cluster.view.apply_async(
+    over the rounds; the same link's latency with bare sockets in each round (`socket_alpha`: the rounds' median
+    of each round's median 4-byte one-way time, and their min-max: what of alpha is the link's); and the TCP
+    stream rate."""
+    fits, sock, ping = [], [], lambda sizes, n: cluster.wait(cluster.view.apply_async(
         pingpong, sizes, n, cluster.timeout, False))[0]
     for _ in range(rounds):
         res = {**ping(PINGPONG_SMALL, repeats), **ping(PINGPONG_LARGE, 5)}
         fits.append(fit_alpha_beta(list(res), list(res.values())))
+        sock.append(float(np.median(netlab_rate.echo(lab, "h1", "h2", 4 * repeats))))
     alphas, Bs = [a for a, _ in fits], [b for _, b in fits]
     stream = lab.measure_rate("h1", "h2", seconds=2.0)
     return {"alpha": float(np.median(alphas)), "B": float(np.median(Bs)), "alpha_range": [min(alphas), max(alphas)],
             "B_range": [min(Bs), max(Bs)], "alphas": alphas, "rounds": rounds, "repeats": repeats,
+            "socket_alpha": float(np.median(sock)), "socket_alpha_range": [min(sock), max(sock)],
             "pingpong": {str(k): v for k, v in res.items()}, "stream": stream}
 
 

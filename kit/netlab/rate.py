@@ -1,4 +1,5 @@
-"""Measure a lab link's rate: a TCP socket stream from one emulated host to another, counted by the receiver."""
+"""Measure a lab link with bare TCP sockets between two emulated hosts: its rate (a stream, counted by the
+receiver) and its latency (4-byte messages bounced back and forth), without Gloo, engines or Python threads."""
 from __future__ import annotations
 
 import json
@@ -43,3 +44,42 @@ def stream(lab, src: str, dst: str, seconds: float) -> float:
         if recv.poll() is None:
             recv.kill()
             recv.wait()
+
+
+# A 4-byte echo with TCP_NODELAY: one process on each host, a blocking recv and send each way, nothing else.
+_ECHO = r"""
+import json, socket, sys, time
+if sys.argv[1] == "serve":
+    s = socket.create_server((sys.argv[2], 0)); s.settimeout(60)
+    print(s.getsockname()[1], flush=True)
+    c, _ = s.accept(); c.settimeout(60); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while (m := c.recv(4)):
+        c.sendall(m)
+else:
+    c = socket.create_connection((sys.argv[2], int(sys.argv[3])), timeout=60)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1); out = []
+    for _ in range(int(sys.argv[4]) + 2):
+        t0 = time.perf_counter(); c.sendall(b"ping"); got = 0
+        while got < 4:
+            got += len(c.recv(4 - got))
+        out.append((time.perf_counter() - t0) / 2)
+    c.close(); print(json.dumps(out[2:]))
+"""
+
+
+def echo(lab, src: str, dst: str, repeats: int) -> list[float]:
+    """Return the one-way seconds of `repeats` 4-byte messages bounced between a bare socket on `src` and one on
+    `dst` (after 2 warm-up rounds): the link's own latency, with the kernel's, and nothing of Gloo's."""
+    srv = subprocess.Popen(lab.exec_cmd(dst, sys.executable, "-c", _ECHO, "serve", lab.addr_of(dst)),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = srv.stdout.readline().strip()
+        if not port:
+            raise netlab.LabError(f"the echo probe on {dst} did not start")
+        out = netlab.run(*lab.exec_cmd(src, sys.executable, "-c", _ECHO, "ping", lab.addr_of(dst), port,
+                                       str(repeats)), timeout=60)
+        return json.loads(out.stdout)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
