@@ -162,3 +162,15 @@ def test_the_knobs_summary_lists_each_knobs_samples_per_s():
     assert lines[1] == "2. Keras `PyDataset`: best 1232 samples/s with 2 processes, against 562 loading in the loop."
     assert lines[2] == ("3. tf.data: best 1284 samples/s with map(8) + prefetch, against 732 without parallel map "
                         "or prefetch.")
+
+
+def test_the_prefetch_factor_note_weighs_the_spread_against_the_noise():
+    run = {"prefetch_factor=1": {"samples_per_s": 1788.0, "busy": 0.92},
+           "prefetch_factor=2": {"samples_per_s": 1831.0, "busy": 0.93},
+           "prefetch_factor=4": {"samples_per_s": 1713.0, "busy": 0.94}}
+    text = notes.prefetch_factor_note(run)
+    assert ("From the slowest setting (prefetch_factor=4, 1713 samples/s) to the fastest (prefetch_factor=2, 1831) "
+            "the throughput differs by 7%; the step was busy 92–94% of the time. Within 10%, one run each") in text
+    run["prefetch_factor=4"]["samples_per_s"] = 1500.0
+    wide = notes.prefetch_factor_note(run)
+    assert "differs by 22%" in wide and "More than 10%, but one run each on a shared machine" in wide

@@ -123,6 +123,27 @@ def summary(rows: list[dict], best: dict, speedup: float, worst: float, fitted, 
             f"{1e3 * prof.step_predicted:.0f} ms/step, measured {1e3 * measured['step']:.0f} ms/step.")
 
 
+# --- appendix 01a, sections 1 and 3: one run per setting --------------------------------------------------------
+NOISE = 0.10     # one run per setting on a shared machine: a smaller difference is no evidence
+
+
+def prefetch_factor_note(stats: dict[str, dict]) -> str:
+    """Return what `prefetch_factor` changed: {setting: a monitor's stats()} (samples_per_s and busy), the spread of
+    the throughput against NOISE."""
+    rate = {k: v["samples_per_s"] for k, v in stats.items()}
+    lo, hi = min(rate, key=rate.get), max(rate, key=rate.get)
+    spread = rate[hi] / rate[lo] - 1
+    busy = [v["busy"] for v in stats.values()]
+    return (f"From the slowest setting ({lo}, {rate[lo]:.0f} samples/s) to the fastest ({hi}, {rate[hi]:.0f}) the "
+            f"throughput differs by {spread:.0%}; the step was busy {min(busy):.0%}–{max(busy):.0%} of the time. "
+            + (f"Within {NOISE:.0%}, one run each: no evidence that the queue's depth matters here. Loading keeps "
+               "up with the step on average, so a deeper queue has nothing to hide; it only absorbs jitter."
+               if spread <= NOISE else
+               f"More than {NOISE:.0%}, but one run each on a shared machine: run the cell again before reading an "
+               "order into it. A deeper queue can only help when loading is uneven (slow reads, big images); "
+               "in steady state it holds more batches in memory and hides nothing more."))
+
+
 # --- appendix 01a, section 1: persistent_workers -----------------------------------------------------------------
 LITTLE = 0.02    # a saving below this share of an epoch is little
 
@@ -144,7 +165,6 @@ def persistent_note(later: dict, saved: float, steps: int, epoch: float) -> str:
 
 
 # --- appendix 01a, section 3: tf.data's buffers and parallel calls -----------------------------------------------
-NOISE = 0.10     # one run per setting on a shared machine: a smaller difference is no evidence
 
 
 def prefetch_check(serial: dict, buffered: list[dict], ahead: dict, batch: int) -> Check:
