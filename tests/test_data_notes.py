@@ -170,7 +170,7 @@ def test_the_prefetch_factor_note_weighs_the_spread_against_the_noise():
            "prefetch_factor=4": {"samples_per_s": 1713.0, "busy": 0.94}}
     text = notes.prefetch_factor_note(run)
     assert ("From the slowest setting (prefetch_factor=4, 1713 samples/s) to the fastest (prefetch_factor=2, 1831) "
-            "the throughput differs by 7%; the step was busy 92–94% of the time. Within 10%, one run each") in text
+            "the throughput differs by 7%; the step was busy 92% to 94% of the time. Within 10%, one run each") in text
     run["prefetch_factor=4"]["samples_per_s"] = 1500.0
     wide = notes.prefetch_factor_note(run)
     assert "differs by 22%" in wide and "More than 10%, but one run each on a shared machine" in wide

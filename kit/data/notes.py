@@ -135,7 +135,7 @@ def prefetch_factor_note(stats: dict[str, dict]) -> str:
     spread = rate[hi] / rate[lo] - 1
     busy = [v["busy"] for v in stats.values()]
     return (f"From the slowest setting ({lo}, {rate[lo]:.0f} samples/s) to the fastest ({hi}, {rate[hi]:.0f}) the "
-            f"throughput differs by {spread:.0%}; the step was busy {min(busy):.0%}–{max(busy):.0%} of the time. "
+            f"throughput differs by {spread:.0%}; the step was busy {min(busy):.0%} to {max(busy):.0%} of the time. "
             + (f"Within {NOISE:.0%}, one run each: no evidence that the queue's depth matters here. Loading keeps "
                "up with the step on average, so a deeper queue has nothing to hide; it only absorbs jitter."
                if spread <= NOISE else
