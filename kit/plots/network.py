@@ -176,10 +176,18 @@ SHORT = {"ring": "kit ring", "byteps": "PS, k=N co-located", "torch": "torch.dis
 def readme_tables(x: dict, K: int) -> str:
     """Return docs/benchmarks/network.md for a run: the links (ping-pong, stream), then every row at K bytes."""
     cores = x.get("machine", {}).get("cpu_cores", "?")
+    v, us = x["link"], lambda a: f"{a * 1e6:.0f}"
+    rng = lambda key: "–".join(map(us, v.get(f"{key}_range", [v.get(key, 0)] * 2)))    # noqa: E731
     out = [f"Links {x['rate']} each way; {cores} cores; run took {x['seconds']:.0f} s; {x['reps']} timed calls "
-           "per point.", "", "| N | α (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |", "|---|---|---|---|"]
-    for n, v in sorted(x["links"].items(), key=lambda kv: int(kv[0])):
-        out.append(f"| {n} | {v['alpha'] * 1e6:.0f} | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |")
+           f"per point. One link measurement for every N ({v.get('rounds', 1)} rounds; median, then the rounds' "
+           "range):", "", "| α ping-pong (µs) | α bare socket (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |",
+           "|---|---|---|---|",
+           f"| {us(v['alpha'])} ({rng('alpha')}) | " + (f"{us(v['socket_alpha'])} ({rng('socket_alpha')})"
+                                                         if "socket_alpha" in v else "not measured") +
+           f" | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |", "",
+           "α bare socket: a 4-byte echo between two plain processes on h1 and h2 (`kit.netlab.rate.echo`), the "
+           "link's own latency; the rest of the ping-pong's α is Gloo's and the engines' threads waiting for the "
+           "shared cores."]
     out += ["", f"At K = {human(K)}:", "",
             "| implementation | N | ms measured | ms model | measured/model | busbw (MB/s) | busbw/link "
             "| NIC sent per host / model |", "|---|---|---|---|---|---|---|---|"]
