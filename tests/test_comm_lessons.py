@@ -90,8 +90,9 @@ def test_notebook_02s_small_message_table_and_paragraph():
     assert "K = 4 KB: latency.** Median ms per step (30 calls each)" in table
     assert "| 2 | 0.81 | 1.28 | 2.45 | 1225 |" in table and "| 4 | 2.41 | 5.00 | 8.64 | 1441 |" in table
     slow = lessons.latency_note(304e-6, 157e-6, 304e-6, 1225e-6, [2, 3, 4], 4, 95 * 1024)
-    for s in ("o = 304 µs, 1.9× α: on this machine", "1225 µs each (median over N), 8× the ping-pong's α",
-              "slower one at N = 2, 3, 4: the small-K regime", "1225 against 304 µs", "K* = 95 KB for N = 4"):
+    for s in ("o = 304 µs, 1.9× α: each further worker cost the server more than the link's whole α", "1225 µs each (median over N), 8× the ping-pong's α",
+              "slower one at N = 2, 3, 4.** That is the ring's weakness in kind", "(N−2)·α > (N−1)·o: at none of these N",
+              "cost 8× the ping-pong's α and 4.0× the server's o", "1225 against 304 µs", "K* = 95 KB for N = 4"):
         assert s in slow, s
     fast = lessons.latency_note(-5e-6, 157e-6, 0.0, 200e-6, [], 4, 0)
     assert "o = -5 µs, 0.0× α: its N messages' latencies overlap" in fast and "not the slower one at any N" in fast
@@ -147,16 +148,21 @@ def test_notebook_03s_lab_paragraphs_give_the_runs_numbers():
     for s in ("At K = 4 KB latency decides (30 calls per point", "N = 2: ring 2.27 ms, one server 0.80 ms",
               "**The ring was the slower one at N = 2, 3, 4.**", "1135 µs each (median over N), 9× the",
               "o = 213 µs per further worker", "K* = 96.4 KB for N = 4.",
-              "more than the link's whole α (121 µs): here the server's further messages did not overlap"):
+              "more than the link's whole α (121 µs): a serial per-message cost, not the link's latency"):
         assert s in small, s
     overlapped = lessons.ring_latency_note(4096, 30, ps, ring, 1e-4, 0, 1e-4, [], 4, 0)
-    assert "not the slower one at any N" in overlapped and "did not overlap" not in overlapped
+    assert "not the slower one at any N" in overlapped and "serial per-message cost" not in overlapped
+    assert "(N−1)·o: at N = 8." in lessons.ring_loss([8], 100e-6, 50e-6, 1e-3)   # 6α > 7o
     assert "less than the link's α (100 µs): the further messages' latencies overlapped" in overlapped
 
 
 def test_notebook_03s_closing_paragraph_gives_the_models_numbers():
     a, B, K = 74e-6, 2.9e9, 16 << 20
     text = lessons.at_scale_note(3, 47.0, 32.2, a, B, K)
+    assert "Charged the lab's o" not in text
+    assert "one server pays 796 ms more per step at N = 1024 and the ring never loses." in \
+        lessons.at_scale_note(3, 47.0, 32.2, a, B, K, o=389e-6)
+    assert "the ring loses only below" in lessons.at_scale_note(3, 47.0, 32.2, a, B, K, o=10e-6)
     for s in ("16 MB on 3 engines: the plain ring 47.0 ms, the kit's ring 32.2 ms", "α = 74 µs and B = 2.90 GB/s",
               f"ring {costmodel.t_comm_ring(1024, K, a, B):.2f} s "
               f"({costmodel.latency_share('ring', 1024, K, a, B):.0%} of it its 2(N−1) latencies) against "
