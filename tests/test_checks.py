@@ -266,3 +266,18 @@ def test_the_timeline_sentence_says_what_ran_during_backward():
     assert len(ax.get_yticks()) == 3 + 2
     import matplotlib.pyplot as plt
     plt.close(ax.figure)
+
+
+def test_bucket_sizes_with_the_same_count_are_compared_against_the_lesson():
+    x = _ddp_run()
+    rows = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
+    most = max(r["calls"] for r in rows)
+    twin_a, twin_b = [r for r in rows if r["calls"] == most][:2]       # the recorded run: 16 KB and 256 KB, 5 each
+    twin_a["step_ms"], twin_b["step_ms"] = 40.0, 30.0
+    many, _ = lessons.bucket_extremes(x)
+    assert many is twin_b                                               # the faster of the two, not the first
+    said = checks.markdown([lessons.buckets_check(x)])
+    assert f"{twin_a['label']} and {twin_b['label']} both made {most} allreduces, yet their medians were 10.0 ms " \
+           "apart: that much is this run's noise" in said.replace("Buckets", "buckets")
+    twin_a["calls"] = most - 1
+    assert "both made" not in checks.markdown([lessons.buckets_check(x)])

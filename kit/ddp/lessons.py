@@ -52,9 +52,27 @@ def zero_step_check(zero_err: list[float], shards: list[int], numel: int, tol: f
 
 
 def bucket_extremes(x: dict) -> tuple[dict, dict]:
-    """Return the bucket rows with the most and the fewest allreduces per step."""
+    """Return the bucket rows with the most and the fewest allreduces per step. Where bucket sizes tie on the count
+    (16 KB and 256 KB buckets can both make 5), the comparison takes the side against the lesson: the fastest of
+    the most-messages rows and the slowest of the fewest."""
     rows = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
-    return max(rows, key=lambda r: r["calls"]), min(rows, key=lambda r: r["calls"])
+    most, fewest = max(r["calls"] for r in rows), min(r["calls"] for r in rows)
+    return (min((r for r in rows if r["calls"] == most), key=lambda r: r["step_ms"]),
+            max((r for r in rows if r["calls"] == fewest), key=lambda r: r["step_ms"]))
+
+
+def twins(x: dict) -> str:
+    """Return the sentence on bucket sizes that made the same number of allreduces (the same messages, so their
+    difference is the run's noise), or "" where every count is made once."""
+    rows = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
+    same = {}
+    for r in rows:
+        same.setdefault(r["calls"], []).append(r)
+    parts = [f"{' and '.join(r['label'] for r in g)} both made {c} allreduces, yet their medians were "
+             f"{max(r['step_ms'] for r in g) - min(r['step_ms'] for r in g):.1f} ms apart"
+             for c, g in sorted(same.items(), reverse=True) if len(g) > 1]
+    return ("; ".join(parts) + ": that much is this run's noise between identical messages, so the check compares "
+            "the fastest of the most-messages settings with the slowest of the fewest") if parts else ""
 
 
 def correct_check(x: dict) -> Check:
@@ -92,7 +110,8 @@ def buckets_check(x: dict) -> Check:
                   "spread")
     detail = ("Median step (fastest–slowest of the timed steps) per bucket size: "
               + "; ".join(f"{r['label']}, {r['calls']} allreduces: {spread(r)}" for r in rows)
-              + f". Compute alone: {by_scheme(x)['local']['step_ms']:.1f} ms")
+              + f". Compute alone: {by_scheme(x)['local']['step_ms']:.1f} ms"
+              + (f". {twins(x)[0].upper()}{twins(x)[1:]}" if twins(x) else ""))
     return Check("buckets", measured=f"{many['calls']} → {few['calls']} allreduces per step: {spread(many)} → "
                  f"{spread(few)}; the fewer-messages step the shorter in {win:.0%} of the pairs of timed steps",
                  bound=f"a shorter median step, and in at least {WIN:.0%} of the pairs", held=held,
