@@ -112,6 +112,13 @@ def test_the_summary_lists_what_the_run_measured():
                    "(within or above one process's range over 3 seeds)", "batch ×4 98.0%, ×16 79.3%, against 97.0%",
                    "identical after training: True; resumed from epoch 12 of 12", "36% of a step", "20% over"):
         assert number in text
+    assert text.endswith("20% over 10 Gbit/s.")                                   # runs without their speed-ups
+    lab_up = ({"allreduce_share": 0.45, "speedup": 1.80}, {"allreduce_share": 0.19, "speedup": 1.86})
+    same = summary.measured(RUN, None, [], 0.97, {4: 0.98}, True, (12, 12), lab_up)
+    assert "the speed-ups over one worker were 1.80× and 1.86×, nearly the same: most of the slower" in same
+    lab_up[1]["speedup"] = 2.0
+    assert "1.80× and 2.00×: the faster link paid." in summary.measured(RUN, None, [], 0.97, {4: 0.98}, True,
+                                                                         (12, 12), lab_up)
     below = dict(RUN, acc_n=0.85)
     assert "(below one process's range" in summary.measured(below, SEEDS, accuracy.run_checks(below, SEEDS), 0.97,
                                                              {4: 0.98}, False, (11, 12), lab)
