@@ -90,8 +90,10 @@ def test_notebook_02s_small_message_table_and_paragraph():
     assert "K = 4 KB: latency.** Median ms per step (30 calls each)" in table
     assert "| 2 | 0.81 | 1.28 | 2.45 | 1225 |" in table and "| 4 | 2.41 | 5.00 | 8.64 | 1441 |" in table
     slow = lessons.latency_note(304e-6, 157e-6, 304e-6, 1225e-6, [2, 3, 4], 4, 95 * 1024)
-    for s in ("o = 304 µs, 1.9× α: each further worker cost the server more than the link's whole α", "1225 µs each (median over N), 8× the ping-pong's α",
-              "slower one at N = 2, 3, 4.** That is the ring's weakness in kind", "(N−2)·α > (N−1)·o: at none of these N",
+    for s in ("o = 304 µs, 1.9× α: each further worker cost the server more than the link's whole α",
+              "1225 µs each (median over N), 8× the ping-pong's α",
+              "slower one at N = 2, 3, 4.** That is the ring's weakness in kind",
+              "(N−2)·α > (N−1)·o: at none of these N",
               "cost 8× the ping-pong's α and 4.0× the server's o", "1225 against 304 µs", "K* = 95 KB for N = 4"):
         assert s in slow, s
     fast = lessons.latency_note(-5e-6, 157e-6, 0.0, 200e-6, [], 4, 0)

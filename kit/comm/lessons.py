@@ -300,8 +300,8 @@ def at_scale_note(engines: int, plain_ms: float, kit_ms: float, alpha: float, B:
     lab_o = "" if o <= 0 else (
         f" Charged the lab's o = {o * 1e6:.0f} µs per further worker, as notebook 02 charges its server, one server "
         f"pays {2 * (n - 1) * o * 1e3:.0f} ms more per step at N = {n} and the ring "
-        + (f"loses only below {human(with_o)}." if with_o > 0 else "never loses. That o is what this box's shared cores "
-           "made of each message (section 6), not a cluster's server's own CPU time per message."))
+        + (f"loses only below {human(with_o)}." if with_o > 0 else "never loses. That o is what this box's shared "
+           "cores made of each message (section 6), not a cluster's server's own CPU time per message."))
     return (f"16 MB on {engines} engines: the plain ring {plain_ms:.1f} ms, the kit's ring {kit_ms:.1f} ms. At scale "
             f"(the model, this box's α = {alpha * 1e6:.0f} µs and B = {B / 1e9:.2f} GB/s), N = {n}, K = {human(K)}: "
             f"ring {t_comm_ring(n, K, alpha, B):.2f} s ({latency_share('ring', n, K, alpha, B):.0%} of it its "
