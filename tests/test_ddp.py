@@ -75,6 +75,12 @@ def test_the_horovod_note_says_where_horovods_time_went():
     assert "(median of 3): 30.0 ms in all, 11.0 ms with a fused allreduce on the wire (2 of them), and 18.0 ms" in note
     assert "and 4.0 ms with neither" in note and "share 2 cores" in note
     assert "its longest such step, 90 ms, negotiated for 75 and did neither for 6" in note
+    assert "Horovod took 45.0 ms a step (median), about as in the run above, where the timeline was off." in note
+    x["horovod_timeline"]["step_ms"] = 20.0
+    assert "20.0 ms a step (median), 2.0× faster than in the run above, where the timeline was off: so much" in \
+        horovod.horovod_note(x)
+    x["horovod_timeline"]["step_ms"] = 60.0
+    assert "60.0 ms a step (median), 1.5× the run above" in horovod.horovod_note(x)
     del x["horovod_timeline"], x["cores"]             # a run without Horovod's timeline says only its step times
     assert "negotiat" not in horovod.horovod_note(x) and "cores" not in horovod.horovod_note(x)
 

@@ -55,13 +55,18 @@ def horovod_note(x: dict) -> str:
         return out
     med = lambda key: float(np.median([st[key] for st in hs]))   # noqa: E731
     worst = max(hs, key=lambda st: st["span"])
-    out += (f" In a job of its own with Horovod's timeline on (rank 0 records every rank's collectives; the run above "
-            f"had it off, since it makes Horovod's threads exchange more while idle), Horovod took {t['step_ms']:.1f} "
-            f"ms a step (median), and its timeline says where the time between a step's first gradient and its last "
-            f"sum went, per step (median of {len(hs)}): {med('span'):.1f} ms in all, {med('wire'):.1f} ms with a "
-            f"fused allreduce on the wire ({med('allreduces'):.0f} of them), and {med('negotiation'):.1f} ms with a "
-            "gradient still negotiating, that is waiting until every rank's background thread had reported it ready "
-            "(one coordination round a cycle; one gradient can negotiate while another is summed), and "
+    ratio = t["step_ms"] / h["step_ms"]
+    versus = (f"{1 / ratio:.1f}× faster than in the run above, where the timeline was off: so much does Horovod's "
+              "step move from one job to the next on this machine, more than any cost of the timeline"
+              if ratio < 1 / 1.2 else f"{ratio:.1f}× the run above, where the timeline was off" if ratio > 1.2 else
+              "about as in the run above, where the timeline was off")
+    out += (f" In a job of its own with Horovod's timeline on (rank 0 records every rank's collectives), Horovod took "
+            f"{t['step_ms']:.1f} ms a step (median), {versus}. Its timeline says where the time between a step's "
+            f"first gradient and its last sum went, per step (median of {len(hs)}): {med('span'):.1f} ms in all, "
+            f"{med('wire'):.1f} ms with a fused allreduce on the wire ({med('allreduces'):.0f} of them), and "
+            f"{med('negotiation'):.1f} ms with a gradient still negotiating, that is waiting until every rank's "
+            "background thread had reported it ready (one coordination round a cycle; one gradient can negotiate "
+            "while another is summed), and "
             f"{med('idle'):.1f} ms with neither (the thread between cycles, or waiting to run); its longest such "
             f"step, {worst['span']:.0f} ms, negotiated for {worst['negotiation']:.0f} and did neither for "
             f"{worst['idle']:.0f}. DDP negotiates nothing: every rank launches the same buckets in the same order.")
