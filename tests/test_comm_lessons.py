@@ -89,6 +89,15 @@ def test_notebook_02s_small_message_table_and_paragraph():
     table = lessons.latency_table(4096, 30, ps, byteps, ring, {"2": 1225e-6, "3": 1105e-6, "4": 1441e-6})  # from JSON
     assert "K = 4 KB: latency.** Median ms per step (30 calls each)" in table
     assert "| 2 | 0.81 | 1.28 | 2.45 | 1225 |" in table and "| 4 | 2.41 | 5.00 | 8.64 | 1441 |" in table
+    assert ("The servers on the workers took 1.6–2.1× one server's step, where the model puts them a little under it"
+            in table)
+    assert "per such message they paid 640–1000 µs, the ring 1105–1441 µs. On these shared cores a step cost about " \
+           "what its processes' messages cost, in sequence or not" in table
+    fast = lessons.colocated_note(ps, ps, {2: 1225e-6, 3: 1105e-6, 4: 1441e-6})          # as fast as one server
+    assert "took 1.0–1.0× one server's step, as the model has it" in fast
+    slow = lab_rows((1.2e-3, 2.4e-3, 3.6e-3), (1, 1, 1))                                   # 600 µs a message
+    assert "Per message that is 0.5× the ring's (medians), so the messages each process handles explain part" in \
+        lessons.colocated_note(ps, slow, {2: 1225e-6, 3: 1105e-6, 4: 1441e-6})
     slow = lessons.latency_note(304e-6, 157e-6, 304e-6, 1225e-6, [2, 3, 4], 4, 95 * 1024)
     for s in ("o = 304 µs, 1.9× α: each further worker cost the server more than the link's whole α",
               "1225 µs each (median over N), 8× the ping-pong's α",

@@ -165,7 +165,32 @@ def latency_table(K: int, reps: int, ps: dict[int, dict], byteps: dict[int, dict
                      f"{ring[n]['seconds'] * 1e3:.2f} | {ring_alpha[n] * 1e6:.0f} |" for n in sorted(ring))
     return (f"**Small messages, K = {human(K)}: latency.** Median ms per step ({reps} calls each):\n\n"
             f"| N | one server | servers on the workers | ring | ring's time / 2(N−1), µs |\n|---|---|---|---|---|\n"
-            f"{rows}")
+            f"{rows}\n\n" + colocated_note(ps, byteps, ring_alpha))
+
+
+def colocated_note(ps: dict[int, dict], byteps: dict[int, dict], ring_alpha: dict[int, float]) -> str:
+    """Return the sentence on the servers on the workers at small K: their step against one server's, and per
+    message each of their processes handles (2(N−1): N−1 shards pushed and served, N−1 pulled) against the ring's."""
+    ns = sorted(n for n in byteps if n > 1 and n in ps and n in ring_alpha)
+    if not ns:
+        return ""
+    times = [byteps[n]["seconds"] / ps[n]["seconds"] for n in ns]
+    per = [byteps[n]["seconds"] / (2 * (n - 1)) * 1e6 for n in ns]
+    ring = [ring_alpha[n] * 1e6 for n in ns]
+    rng = lambda v, f: f"{min(v):{f}}–{max(v):{f}}"                                        # noqa: E731
+    if max(times) < 1.2:
+        return (f"The servers on the workers took {rng(times, '.1f')}× one server's step, as the model has it: their "
+                "bytes are the ring's, their latency 2(α + (N−2)·o).")
+    return (f"The servers on the workers took {rng(times, '.1f')}× one server's step, where the model puts them a "
+            "little under it (their bytes are the ring's, their latency 2(α + (N−2)·o)). Each of their processes "
+            "sends and receives 2(N−1) messages a step, as a ring rank does; per such message they paid "
+            f"{rng(per, '.0f')} µs, the ring {rng(ring, '.0f')} µs. "
+            + ("On these shared cores a step cost about what its processes' messages cost, in sequence or not: "
+               if 2 / 3 <= np.median(per) / np.median(ring) <= 1.5 else
+               f"Per message that is {np.median(per) / np.median(ring):.1f}× the ring's (medians), so the messages "
+               "each process handles explain part of the gap, not all of it: ")
+            + "the model's o, fitted to one server whose workers send 2 messages each, does not carry over to "
+              "processes that each handle 2(N−1).")
 
 
 def ring_loss(loses: list[int], alpha: float, o: float, a_ring: float) -> str:
