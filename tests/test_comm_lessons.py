@@ -250,3 +250,15 @@ def test_appendix_03as_growth_check_holds_when_the_ring_grew_more_than_the_model
     for s in ("did not hold", "grew by 30% (bound: more than the model's 56%)",
               "because it grew less than the model in this run, but from an N = 2 point already 3.4× the model"):
         assert s in text, (s, text)
+
+
+def test_appendix_03as_fusion_off_note_weighs_this_run_against_the_benchmark():
+    run = {"Horovod (Gloo)": {"one_by_one": 0.506}, "Horovod (Gloo), fusion off": {"one_by_one": 0.160}}
+    bench = {"Horovod (Gloo)": {"one_by_one": 0.128}, "Horovod (Gloo), fusion off": {"one_by_one": 0.232}}
+    text = appendix_notes.fusion_off_note(run, bench, 100)
+    assert "5.06 ms per tensor with fusion on, 1.60 ms with it off (0.32×)" in text
+    assert "measured 1.28 and 2.32 ms (1.81×): the opposite order. With nothing to fuse" in text
+    bench["Horovod (Gloo), fusion off"]["one_by_one"] = 0.1
+    assert "the same order, so this run does not tell" in appendix_notes.fusion_off_note(run, bench, 100)
+    assert "benchmark" not in appendix_notes.fusion_off_note(run, None, 100)
+    assert set(appendix_notes.committed_fusion()) >= set(run)               # the committed results/allreduce.json

@@ -9,6 +9,9 @@ model (the gap at N = 2, the ring's own fitted line and its growth with N, as Ch
 """
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 from kit.checks import Check
@@ -131,3 +134,35 @@ def one_host_summary(top: int, at: dict[str, float], count: int, fused: dict[str
         "ms with the kit's ring: small messages are latency-bound, so batch them.",
         f"- The ring on one box grew {grew - 1:.0%} from N = {n_lo} to {n_hi} at {human(K)}, the model "
         f"{model_grew - 1:.0%}, and at N = 2 it was {gap:.1f}× the model: here the cores, not links, set the time."])
+
+
+def committed_fusion() -> dict | None:
+    """Return the committed `python -m kit.bench allreduce` run's fusion timings (results/allreduce.json's
+    fusion_100x4KB_s), or None where the file is missing."""
+    path = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "results", "allreduce.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("fusion_100x4KB_s")
+
+
+def fusion_off_note(run: dict, bench: dict | None, count: int) -> str:
+    """Return appendix 03a's sentence on Horovod (Gloo) one tensor at a time with fusion on and off: this run's
+    per-tensor times against the committed benchmark's (`bench`: results/allreduce.json's fusion_100x4KB_s, or
+    None). One at a time a tensor has nothing to fuse with, so the setting should not matter; where the two runs
+    disagree on which was faster, the order is the moment's, not fusion's."""
+    key_on, key_off = "Horovod (Gloo)", "Horovod (Gloo), fusion off"
+    per = lambda f, k: f[k]["one_by_one"] / count * 1e3                                  # noqa: E731
+    on, off = per(run, key_on), per(run, key_off)
+    out = (f"Horovod (Gloo) one tensor at a time: {on:.2f} ms per tensor with fusion on, {off:.2f} ms with it off "
+           f"({off / on:.2f}×). A lone tensor has nothing to fuse with: each blocking call waits for a cycle of "
+           "Horovod's background thread, whatever the threshold.")
+    if not bench or key_off not in bench:
+        return out
+    b_on, b_off = per(bench, key_on), per(bench, key_off)
+    agree = (off < on) == (b_off < b_on)
+    return out + (f" The committed benchmark (`python -m kit.bench allreduce`) measured {b_on:.2f} and {b_off:.2f} ms "
+                  "(" + f"{b_off / b_on:.2f}×)" + (
+                      ": the same order, so this run does not tell the setting from the moment." if agree else
+                      ": the opposite order. With nothing to fuse, which one is faster is the moment's: when the "
+                      "background thread and the engines got a core on this shared machine, not fusion's setting."))
