@@ -281,3 +281,12 @@ def test_bucket_sizes_with_the_same_count_are_compared_against_the_lesson():
            "apart: that much is this run's noise" in said.replace("Buckets", "buckets")
     twin_a["calls"] = most - 1
     assert "both made" not in checks.markdown([lessons.buckets_check(x)])
+
+
+def test_the_lab_table_sets_its_compute_alone_beside_the_loopback_runs():
+    x, loop = _lab_run(), _ddp_run()
+    here = next(r for r in x["rows"] if r["scheme"] == "local")["step_ms"]
+    there = next(r for r in loop["rows"] if r["scheme"] == "local")["step_ms"]
+    text = lab.table(x, loopback=loop)
+    assert f"Compute alone took {here:.1f} ms a step here and {there:.1f} ms in section 4 on loopback" in text
+    assert "Compute alone" not in lab.table(x)

@@ -291,8 +291,9 @@ def wire_ratio(row: dict) -> float:
     return _busiest(row)[0] / row["sent"]
 
 
-def table(x: dict) -> str:
-    """The markdown table of the lab run: step time, bytes on each NIC against the ring model."""
+def table(x: dict, loopback: dict | None = None) -> str:
+    """The markdown table of the lab run: step time, bytes on each NIC against the ring model; with `loopback`
+    (notebook 05's section 4 run on one host), a line on the two runs' compute alone."""
     out = [f"| scheme (N = {x['N']}, {x.get('rate') or 'lab'}) | step ms | collectives / step | NIC sent per host "
            "per step | ring model | payload / model |", "|---|---:|---:|---:|---:|---:|"]
     for r in x["rows"]:
@@ -301,6 +302,12 @@ def table(x: dict) -> str:
                    f"{r['sent']:,.0f} | {ratio} |")
     out.append(f"| the overlap scheme's allreduces alone (no compute) | {x['paired']['comm']['ms']:.1f} | "
                f"{schemes.by_scheme(x)['overlap']['calls']} | – | – | – |")
+    if loopback and "local" in schemes.by_scheme(loopback):
+        here, there = schemes.by_scheme(x)["local"]["step_ms"], schemes.by_scheme(loopback)["local"]["step_ms"]
+        out.append(f"\nCompute alone took {here:.1f} ms a step here and {there:.1f} ms in section 4 on loopback "
+                   f"({here / there:.1f}×): the same model, batch and framework threads, and no message in either. "
+                   f"{x['N']} engines computing at once on this machine's shared cores run at the pace the "
+                   "scheduler gives them, which moves from one moment to the next; the rounds below time it again.")
     return "\n".join(out)
 
 
