@@ -120,7 +120,8 @@ def summary(rows: list[dict], best: dict, speedup: float, worst: float, fitted, 
             f"within {worst:.0%}.\n"
             f"3. The traces' data-wait share against the sweep's: {'held' if traces_held else 'did not hold'}.\n"
             f"4. `profile_loader` recommended num_workers={prof.recommended_workers}: predicted "
-            f"{1e3 * prof.step_predicted:.0f} ms/step, measured {1e3 * measured['step']:.0f} ms/step.")
+            f"{1e3 * prof.step_predicted:.0f} ms/step, measured {1e3 * measured['step']:.0f} ms/step "
+            f"({measured['step'] / prof.step_predicted - 1:+.0%}).")
 
 
 # --- appendix 01a, sections 1 and 3: one run per setting --------------------------------------------------------
