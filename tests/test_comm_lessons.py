@@ -3,7 +3,7 @@ kit.checks values, each made to hold and to fail here, and a failing one says wh
 import numpy as np
 
 from kit import checks
-from kit.comm import appendix_notes, costmodel, lessons
+from kit.comm import appendix_notes, costmodel, lessons, staleness
 
 
 def rows(seconds, model):
@@ -262,3 +262,22 @@ def test_appendix_03as_fusion_off_note_weighs_this_run_against_the_benchmark():
     assert "the same order, so this run does not tell" in appendix_notes.fusion_off_note(run, bench, 100)
     assert "benchmark" not in appendix_notes.fusion_off_note(run, None, 100)
     assert set(appendix_notes.committed_fusion()) >= set(run)               # the committed results/allreduce.json
+
+
+def test_the_straggler_note_reads_why_the_mean_staleness_fell_from_the_records():
+
+    who = np.array([1, 2] * 100)
+    who[::15] = 0                                                 # the straggler, now and then
+    who = np.concatenate([who, [0] * 20])                         # and alone at the end
+    s = np.where(who == 0, 5.0, 1.0)
+    s[-20:] = 0.0
+    text = staleness.straggler_note(np.full(300, 1.92), s, who, 0, 100)
+    for part in ("Mean staleness: 1.92 without the straggler, 1.16 with it (it fell)",
+                 "finished their 100 steps by update 200 of 220; the straggler's last 20 updates",
+                 "Before that point the mean was 1.28, still under the 1.92 without it: the fast workers' 186 updates "
+                 "averaged 1.00, near the 1 other fast worker", "The straggler's own 14 averaged 5.00",
+                 "but they were 7% of the updates before that point."):
+        assert part in text, part
+    higher = staleness.straggler_note(np.full(300, 1.0), s, who, 0, 100)
+    assert "higher than without the straggler: the mean fell only because" in higher
+    assert "did not push last" in staleness.straggler_note(np.full(300, 1.0), s[:200], who[:200], 0, 100)

@@ -86,7 +86,8 @@ def test_the_summary_lists_the_runs_numbers_and_the_traces_verdict():
     text = notes.summary(ROWS, ROWS[2], 2.74, 0.07, (0, 2), True, prof, {"step": 0.033})
     assert "Busy at num_workers=0: 36%; the most samples/s at num_workers=2: 2.7x of num_workers=0, busy 92%" in text
     assert "fitted to W = 0 and 2, predicted the other worker counts within 7%" in text
-    assert "sweep's: held." in text and "recommended num_workers=2: predicted 38 ms/step, measured 33 ms/step (-13%)" in text
+    assert "sweep's: held." in text
+    assert "recommended num_workers=2: predicted 38 ms/step, measured 33 ms/step (-13%)" in text
     assert "sweep's: did not hold." in notes.summary(ROWS, ROWS[2], 2.74, 0.07, (0, 2), False, prof, {"step": 0.033})
 
 
