@@ -202,4 +202,20 @@ def readme_tables(x: dict, K: int) -> str:
                 row += (f"{r['busbw'] / 1e6:.0f} | {r['busbw'] / link_rate(x):.0%} | "
                         f"{np.mean(r['tx']) / r['model_bytes']:.4f} |")
             out.append(row)
-    return "\n".join(out)
+    return "\n".join(out + small_k(x))
+
+
+def small_k(x: dict) -> list[str]:
+    """Return the lines on the run's smallest messages: notebook 02's latency table (kit.comm.lessons) at every N,
+    and where the ring was slower than one server, read against the model."""
+    from kit.comm import lessons
+    K, lat = min(x["sizes"]), x.get("latency") or {}
+    at = {impl: {r["N"]: r for r in rows(x, impl, K)} for impl in ("ps", "byteps", "ring")}
+    if K == max(x["sizes"]) or not all(at.values()) or lat.get("o") is None:
+        return []
+    loses = [n for n in sorted(at["ring"]) if at["ring"][n]["seconds"] > at["ps"][n]["seconds"]]
+    a_ring = float(np.median(list(lat["ring_alpha"].values())))
+    from kit.netlab.exchange import SMALL_REPS
+    return ["", lessons.latency_table(K, max(x["reps"], SMALL_REPS), at["ps"], at["byteps"], at["ring"],
+                                      lat["ring_alpha"]),
+            "", lessons.ring_loss(loses, alpha_beta(x)[0], max(lat["o"], 0.0), a_ring)]
