@@ -61,7 +61,10 @@ else:
     for _ in range(int(sys.argv[4]) + 2):
         t0 = time.perf_counter(); c.sendall(b"ping"); got = 0
         while got < 4:
-            got += len(c.recv(4 - got))
+            k = len(c.recv(4 - got))
+            if not k:
+                sys.exit("the echo server closed the connection")
+            got += k
         out.append((time.perf_counter() - t0) / 2)
     c.close(); print(json.dumps(out[2:]))
 """
