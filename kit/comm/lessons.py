@@ -193,10 +193,11 @@ def colocated_note(ps: dict[int, dict], byteps: dict[int, dict], ring_alpha: dic
               "processes that each handle 2(N−1).")
 
 
-def ring_loss(loses: list[int], alpha: float, o: float, a_ring: float) -> str:
+def ring_loss(loses: list[int], alpha: float, o: float, a_ring: float, said: bool = False) -> str:
     """Return the sentence on where the ring was slower than one server at small K, read with care: `a_ring` is the
     ring's own time over its messages, so a model with it reproduces the loss by construction; with the ping-pong's
-    α for every message the model has the ring slower only where (N−2)·α > (N−1)·o."""
+    α for every message the model has the ring slower only where (N−2)·α > (N−1)·o. `said`: the paragraph already
+    gives a_ring against α (then the closing sentence on what the run measured is left out)."""
     if not loses:
         return "The ring was not the slower one at any N of this run."
     by_alpha = [n for n in loses if (n - 2) * alpha > (n - 1) * o]
@@ -205,10 +206,10 @@ def ring_loss(loses: list[int], alpha: float, o: float, a_ring: float) -> str:
             "it by construction. With the ping-pong's α for every message, the model has the ring slower only where "
             f"(N−2)·α > (N−1)·o: at "
             + (f"N = {', '.join(map(str, by_alpha))}" if by_alpha else "none of these N")
-            + f". What this run measured is that each of the ring's messages in sequence cost "
+            + ("." if said else f". What this run measured is that each of the ring's messages in sequence cost "
             f"{a_ring / alpha:.0f}× the ping-pong's α and {a_ring / max(o, 1e-9):.1f}× the server's o: a ring step "
             "waits until N processes have been scheduled on the shared cores, one message after another, while the "
-            "server pays each further worker once.")
+            "server pays each further worker once."))
 
 
 def latency_note(o_fit: float, alpha: float, o: float, a_ring: float, loses: list[int], n: int, k_star: float) -> str:
@@ -218,7 +219,7 @@ def latency_note(o_fit: float, alpha: float, o: float, a_ring: float, loses: lis
               "each further worker cost the server more than the link's whole α, so a serial per-message cost, not "
               "the link's latency, set its step: on this machine, mostly waiting for that worker's process to be "
               "scheduled on one of the 2 shared cores.")
-    lost = ring_loss(loses, alpha, o, a_ring)
+    lost = ring_loss(loses, alpha, o, a_ring, said=True)
     return (f"The server's steps against N, with the ping-pong's α, fit 2(α + (N−1)·o) with o = {o_fit * 1e6:.0f} µs, "
             f"{o / alpha:.1f}× α: {server} The ring paid its 2(N−1) messages in sequence, {a_ring * 1e6:.0f} µs each "
             f"(median over N), {a_ring / alpha:.0f}× the ping-pong's α, for the same reason: each step waits until N "
@@ -301,7 +302,7 @@ def ring_latency_note(K: int, reps: int, ring: dict[int, dict], ps: dict[int, di
     slower, its time per message in sequence `a_ring`, the server's o and the model's crossover at N = n."""
     times = ", ".join(f"N = {m}: ring {ring[m]['seconds'] * 1e3:.2f} ms, one server {ps[m]['seconds'] * 1e3:.2f} ms"
                       for m in sorted(ring))
-    lost = ring_loss(loses, alpha, o, a_ring) + " "
+    lost = ring_loss(loses, alpha, o, a_ring, said=True) + " "
     return (f"At K = {human(K)} latency decides ({reps} calls per point, medians): {times}. {lost}Its 2(N−1) "
             f"messages in sequence cost {a_ring * 1e6:.0f} µs each (median over N), {a_ring / alpha:.0f}× the "
             "ping-pong's α: on two shared cores each step waits until N processes have been scheduled. The server's "
