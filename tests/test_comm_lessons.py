@@ -81,6 +81,10 @@ def test_notebook_02s_lab_paragraphs_give_the_runs_numbers():
               "at N = 4 the ring was faster (854 ms vs 893 ms)"):
         assert s in text, s
     assert "the servers on the workers was faster" in lessons.bandwidth_note(K, ps, ring, byteps)
+    assert "equalled the ring (within 5%) or beat it at N = 2, 3, 4." in text
+    slow = lab_rows((0.7, 0.9, 1.1), (0.56, 0.7, 0.84), tx=(0, 0, 1.002e6), model_bytes=1e6)
+    assert "more than 5% slower than the ring at every N." in lessons.bandwidth_note(K, ps, slow, ring)
+    assert "this lab does not run that arrangement" in text
 
 
 def test_notebook_02s_small_message_table_and_paragraph():

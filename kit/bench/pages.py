@@ -54,7 +54,8 @@ def allreduce(x: dict) -> list[str]:
 def network(x: dict) -> list[str]:
     """Return the README tables (docs/benchmarks/network.md)."""
     from kit.plots.network import readme_tables
-    return [readme_tables(x, max(x["sizes"]))]
+    from kit.netlab.exchange import reps_for
+    return [readme_tables(x, max(x["sizes"]), small_reps=reps_for(min(x["sizes"]), x["reps"]))]
 
 
 def mnist(x: dict) -> list[str]:

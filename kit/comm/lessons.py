@@ -18,6 +18,7 @@ from kit.comm.costmodel import crossover_bytes, human, latency_share, ring_bytes
 
 GROWTH_TOL = 0.25     # the step's growth from the smallest to the largest N, against the model's: within 25%
 SAME = (0.9, 1.1)     # plain ring's time / the kit's ring's within this band: "about the same"; above it the kit's won
+SAME_STEP = 1.05      # the servers on the workers' step within 5% of the ring's: "equalled" (bandwidth_note)
 
 
 def equal_check(name: str, compared: dict[str, bool], bound: str) -> Check:
@@ -153,7 +154,17 @@ def bandwidth_note(K: int, ps: dict[int, dict], byteps: dict[int, dict], ring: d
             f"{_grew(byteps, lo, hi, 'model_s'):.2f}×); the ring {_ms(ring[lo])} → {_ms(ring[hi])} "
             f"({_grew(ring, lo, hi):.2f}×, model {_grew(ring, lo, hi, 'model_s'):.2f}×). Same bytes, so the model puts "
             f"those two within their latency terms of each other; at N = {hi} {faster} was faster ({_ms(ring[hi])} "
-            f"vs {_ms(byteps[hi])}).")
+            f"vs {_ms(byteps[hi])}). " + _sharded_vs_ring(byteps, ring))
+
+
+def _sharded_vs_ring(byteps: dict[int, dict], ring: dict[int, dict]) -> str:
+    """Return where the servers on the workers equalled (within SAME_STEP) or beat the ring, and what BytePS adds."""
+    level = [n for n in sorted(ring) if n in byteps and byteps[n]["seconds"] <= SAME_STEP * ring[n]["seconds"]]
+    where = (f"equalled the ring (within {SAME_STEP - 1:.0%}) or beat it at N = {', '.join(map(str, level))}" if level
+             else f"were more than {SAME_STEP - 1:.0%} slower than the ring at every N")
+    return (f"The sharded servers {where}. BytePS's own gain, K each way per worker instead of 2(N−1)/N·K, needs "
+            "servers on extra machines and pushes pipelined with pulls (`t_comm_ps(..., pipelined=True)` in the "
+            "model); this lab does not run that arrangement.")
 
 
 def latency_table(K: int, reps: int, ps: dict[int, dict], byteps: dict[int, dict], ring: dict[int, dict],

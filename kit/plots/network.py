@@ -173,7 +173,7 @@ SHORT = {"ring": "kit ring", "byteps": "PS, k=N co-located", "torch": "torch.dis
          "horovod": "Horovod (Gloo)", "horovod_mpi": "Horovod (MPI)", "ps": "PS, one server"}
 
 
-def readme_tables(x: dict, K: int) -> str:
+def readme_tables(x: dict, K: int, small_reps: int | None = None) -> str:
     """Return docs/benchmarks/network.md for a run: the links (ping-pong, stream), then every row at K bytes."""
     cores = x.get("machine", {}).get("cpu_cores", "?")
     v, us = x["link"], lambda a: f"{a * 1e6:.0f}"
@@ -202,12 +202,13 @@ def readme_tables(x: dict, K: int) -> str:
                 row += (f"{r['busbw'] / 1e6:.0f} | {r['busbw'] / link_rate(x):.0%} | "
                         f"{np.mean(r['tx']) / r['model_bytes']:.4f} |")
             out.append(row)
-    return "\n".join(out + small_k(x))
+    return "\n".join(out + small_k(x, small_reps or x["reps"]))
 
 
-def small_k(x: dict) -> list[str]:
-    """Return the lines on the run's smallest messages: notebook 02's latency table (kit.comm.lessons) at every N,
-    and where the ring was slower than one server, read against the model."""
+def small_k(x: dict, reps: int) -> list[str]:
+    """Return the lines on the run's smallest messages (timed `reps` times: kit.netlab.exchange.SMALL_REPS), notebook
+    02's latency table (kit.comm.lessons) at every N, and where the ring was slower than one server, read against
+    the model."""
     from kit.comm import lessons
     K, lat = min(x["sizes"]), x.get("latency") or {}
     at = {impl: {r["N"]: r for r in rows(x, impl, K)} for impl in ("ps", "byteps", "ring")}
@@ -215,7 +216,5 @@ def small_k(x: dict) -> list[str]:
         return []
     loses = [n for n in sorted(at["ring"]) if at["ring"][n]["seconds"] > at["ps"][n]["seconds"]]
     a_ring = float(np.median(list(lat["ring_alpha"].values())))
-    from kit.netlab.exchange import SMALL_REPS
-    return ["", lessons.latency_table(K, max(x["reps"], SMALL_REPS), at["ps"], at["byteps"], at["ring"],
-                                      lat["ring_alpha"]),
+    return ["", lessons.latency_table(K, reps, at["ps"], at["byteps"], at["ring"], lat["ring_alpha"]),
             "", lessons.ring_loss(loses, alpha_beta(x)[0], max(lat["o"], 0.0), a_ring)]
