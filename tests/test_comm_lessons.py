@@ -69,8 +69,9 @@ def test_notebook_02s_lab_paragraphs_give_the_runs_numbers():
     assert "bare sockets" not in lessons.link_note(157e-6, 121e6, {}, "1gbit")          # an older run's JSON
     parts = lessons.link_note(157e-6, 121e6, {"alpha_range": [79e-6, 1030e-6], "rounds": 5, "socket_alpha": 5.2e-6,
                                               "socket_alpha_range": [4.9e-6, 6.1e-6]}, "1gbit")
-    assert "bare sockets (a 4-byte echo between two plain processes, in the same rounds): 5 µs one way (5–6 over " \
-           "the rounds), 3% of α. The rest is software" in parts
+    assert "bare sockets (a 4-byte echo between two plain processes, in the same rounds): 5 µs one way, 3% of α. " \
+           "The rest is software" in parts
+    assert "over these rounds α ranged 79–1030 µs, the bare socket 5–6 µs." in parts
     ps = lab_rows((2.276, 3.4, 4.571), (2.2, 3.3, 4.4), tx=(0, 0, 4.008 * K), rx=(0, 0, 4.012 * K))
     byteps = lab_rows((0.577, 0.7, 0.893), (0.56, 0.7, 0.84), tx=(0, 0, 1.002e6), model_bytes=1e6)
     ring = lab_rows((0.569, 0.7, 0.854), (0.56, 0.7, 0.84))

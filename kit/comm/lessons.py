@@ -130,12 +130,13 @@ def alpha_parts(alpha: float, link: dict) -> str:
     and the engines' threads waking on shared cores. "" for a run without the socket measure (older JSON)."""
     if "socket_alpha" not in link:
         return ""
-    s, (lo, hi) = link["socket_alpha"], link["socket_alpha_range"]
+    s, (lo, hi), (a_lo, a_hi) = link["socket_alpha"], link["socket_alpha_range"], link.get("alpha_range", [alpha] * 2)
     return (f" The same two hosts with bare sockets (a 4-byte echo between two plain processes, in the same rounds): "
-            f"{s * 1e6:.0f} µs one way ({lo * 1e6:.0f}–{hi * 1e6:.0f} over the rounds), {s / alpha:.0%} of α. The "
-            "rest is software: Gloo's and the engines' threads being woken and scheduled on this machine's shared "
-            "cores. That part moves with whatever else runs at the moment, which is why α differs from round to "
-            "round and from one notebook's run to another's on the same link, while the link's own part holds still.")
+            f"{s * 1e6:.0f} µs one way, {s / alpha:.0%} of α. The rest is software: Gloo's and the engines' threads "
+            "being woken and scheduled on this machine's shared cores. That part moves with whatever else runs at the "
+            "moment, which is why α differs from round to round and from one notebook's run to another's on the same "
+            f"link: over these rounds α ranged {a_lo * 1e6:.0f}–{a_hi * 1e6:.0f} µs, the bare socket "
+            f"{lo * 1e6:.0f}–{hi * 1e6:.0f} µs.")
 
 
 def bandwidth_note(K: int, ps: dict[int, dict], byteps: dict[int, dict], ring: dict[int, dict]) -> str:
