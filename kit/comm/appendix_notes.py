@@ -155,14 +155,18 @@ def fusion_off_note(run: dict, bench: dict | None, count: int) -> str:
     per = lambda f, k: f[k]["one_by_one"] / count * 1e3                                  # noqa: E731
     on, off = per(run, key_on), per(run, key_off)
     out = (f"Horovod (Gloo) one tensor at a time: {on:.2f} ms per tensor with fusion on, {off:.2f} ms with it off "
-           f"({off / on:.2f}×). A lone tensor has nothing to fuse with: each blocking call waits for a cycle of "
-           "Horovod's background thread, whatever the threshold.")
+           f"({off / on:.2f}×). A lone tensor has nothing to fuse with; each blocking call waits for a cycle of "
+           "Horovod's background thread.")
     if not bench or key_off not in bench:
         return out
     b_on, b_off = per(bench, key_on), per(bench, key_off)
     agree = (off < on) == (b_off < b_on)
     return out + (f" The committed benchmark (`python -m kit.bench allreduce`) measured {b_on:.2f} and {b_off:.2f} ms "
                   "(" + f"{b_off / b_on:.2f}×)" + (
-                      ": the same order, so this run does not tell the setting from the moment." if agree else
+                      ": the same order. " + ("Fusion off was the slower one tensor at a time in both runs, so the "
+                                              "setting seems to cost something even with nothing to fuse; this "
+                                              "appendix does not measure what." if off > on else
+                                              "Fusion off was the faster one tensor at a time in both runs; this "
+                                              "appendix does not measure why.") if agree else
                       ": the opposite order. With nothing to fuse, which one is faster is the moment's: when the "
                       "background thread and the engines got a core on this shared machine, not fusion's setting."))
