@@ -30,20 +30,28 @@ else:
 
 def stream(lab, src: str, dst: str, seconds: float) -> float:
     """Return the bytes/s that `dst` receives from a TCP stream sent by `src` for `seconds` (after a warm-up)."""
-    recv = subprocess.Popen(lab.exec_cmd(dst, sys.executable, "-c", _PROBE, "recv", lab.addr_of(dst)),
-                            stdout=subprocess.PIPE, text=True)
+    _, received = _pair(lab, src, dst, _PROBE, "rate", ("recv", "send"), str(seconds), timeout=seconds + 60)
+    return json.loads(received)["bytes_per_s"]
+
+
+def _pair(lab, src: str, dst: str, probe: str, name: str, roles: tuple[str, str], *args: str,
+          timeout: float) -> tuple[str, str]:
+    """Start `probe` in its listening role on `dst` (it prints its port), run it in its other role on `src` against
+    that port; return (what `src` printed, what `dst` printed once it ended). The listener never outlives the call."""
+    srv = subprocess.Popen(lab.exec_cmd(dst, sys.executable, "-c", probe, roles[0], lab.addr_of(dst)),
+                           stdout=subprocess.PIPE, text=True)
     try:
-        port = recv.stdout.readline().strip()
+        port = srv.stdout.readline().strip()
         if not port:
-            raise netlab.LabError(f"the rate probe on {dst} did not start")
-        netlab.run(*lab.exec_cmd(src, sys.executable, "-c", _PROBE, "send", lab.addr_of(dst), port, str(seconds)),
-                   timeout=seconds + 60)
-        out, _ = recv.communicate(timeout=60)
-        return json.loads(out)["bytes_per_s"]
+            raise netlab.LabError(f"the {name} probe on {dst} did not start")
+        client = netlab.run(*lab.exec_cmd(src, sys.executable, "-c", probe, roles[1], lab.addr_of(dst), port, *args),
+                            timeout=timeout)
+        out, _ = srv.communicate(timeout=60)
+        return client.stdout, out
     finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
 
 
 # A 4-byte echo with TCP_NODELAY: one process on each host, a blocking recv and send each way, nothing else.
@@ -73,16 +81,5 @@ else:
 def echo(lab, src: str, dst: str, repeats: int) -> list[float]:
     """Return the one-way seconds of `repeats` 4-byte messages bounced between a bare socket on `src` and one on
     `dst` (after 2 warm-up rounds): the link's own latency, with the kernel's, and nothing of Gloo's."""
-    srv = subprocess.Popen(lab.exec_cmd(dst, sys.executable, "-c", _ECHO, "serve", lab.addr_of(dst)),
-                           stdout=subprocess.PIPE, text=True)
-    try:
-        port = srv.stdout.readline().strip()
-        if not port:
-            raise netlab.LabError(f"the echo probe on {dst} did not start")
-        out = netlab.run(*lab.exec_cmd(src, sys.executable, "-c", _ECHO, "ping", lab.addr_of(dst), port,
-                                       str(repeats)), timeout=60)
-        return json.loads(out.stdout)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.wait()
+    sent, _ = _pair(lab, src, dst, _ECHO, "echo", ("serve", "ping"), str(repeats), timeout=60)
+    return json.loads(sent)
