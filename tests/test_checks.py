@@ -290,3 +290,19 @@ def test_the_lab_table_sets_its_compute_alone_beside_the_loopback_runs():
     text = lab.table(x, loopback=loop)
     assert f"Compute alone took {here:.1f} ms a step here and {there:.1f} ms in section 4 on loopback" in text
     assert "Compute alone" not in lab.table(x)
+
+
+def test_the_bucket_check_takes_the_slowest_of_the_fewest_and_names_middle_ties_without_the_clause():
+    row = lambda kb, calls, ms: {"scheme": f"buckets:{kb << 10}", "label": f"buckets {kb} KB", "calls": calls,  # noqa: E731
+                                 "step_ms": ms}
+    x = {"rows": [row(16, 5, 30.0), row(256, 3, 27.0), row(512, 3, 26.0), row(1024, 2, 24.0), row(4096, 2, 25.0)]}
+    many, few = lessons.bucket_extremes(x)
+    assert many["label"] == "buckets 16 KB" and few["label"] == "buckets 4096 KB"      # the slower of the fewest
+    said = lessons.twins(x)
+    assert "buckets 256 KB and buckets 512 KB both made 3 allreduces" in said and "2 allreduces" in said
+    assert said.endswith("so the check compares the fastest of the most-messages settings with the slowest of the "
+                         "fewest")
+    x["rows"].pop()                                                   # the tie left is at a count the check skips
+    assert "both made 3" in lessons.twins(x) and "so the check compares" not in lessons.twins(x)
+    x["rows"].append(row(768, 3, 26.5))
+    assert "buckets 256 KB and buckets 512 KB and buckets 768 KB all made 3 allreduces" in lessons.twins(x)

@@ -3,7 +3,7 @@ kit.checks values, each made to hold and to fail here, and a failing one says wh
 import numpy as np
 
 from kit import checks
-from kit.comm import appendix_notes, costmodel, lessons, staleness
+from kit.comm import appendix_notes, costmodel, lab_latency, lessons, staleness
 
 
 def rows(seconds, model):
@@ -69,9 +69,13 @@ def test_notebook_02s_lab_paragraphs_give_the_runs_numbers():
     assert "bare sockets" not in lessons.link_note(157e-6, 121e6, {}, "1gbit")          # an older run's JSON
     parts = lessons.link_note(157e-6, 121e6, {"alpha_range": [79e-6, 1030e-6], "rounds": 5, "socket_alpha": 5.2e-6,
                                               "socket_alpha_range": [4.9e-6, 6.1e-6]}, "1gbit")
-    assert "bare sockets (a 4-byte echo between two plain processes, in the same rounds): 5 µs one way, 3% of α. " \
-           "The rest is software" in parts
-    assert "over these rounds α ranged 79–1030 µs, the bare socket 5–6 µs." in parts
+    assert "bare sockets (a 4-byte echo between two plain processes, in the same rounds): 5 µs one way (5–6 over " \
+           "the rounds), 3% of α. The rest is software" in parts
+    assert "That part is what moved from round to round, while the link's own part held still" in parts
+    wide = {"alpha_range": [79e-6, 300e-6], "socket_alpha": 5e-6, "socket_alpha_range": [5e-6, 200e-6]}
+    assert "the link's own part moved about as much as α did" in lab_latency.alpha_parts(157e-6, wide)
+    slow = {"socket_alpha": 200e-6, "socket_alpha_range": [190e-6, 210e-6]}
+    assert "On this run the link's own latency is all of α." in lab_latency.alpha_parts(157e-6, slow)
     ps = lab_rows((2.276, 3.4, 4.571), (2.2, 3.3, 4.4), tx=(0, 0, 4.008 * K), rx=(0, 0, 4.012 * K))
     byteps = lab_rows((0.577, 0.7, 0.893), (0.56, 0.7, 0.84), tx=(0, 0, 1.002e6), model_bytes=1e6)
     ring = lab_rows((0.569, 0.7, 0.854), (0.56, 0.7, 0.84))
@@ -98,11 +102,15 @@ def test_notebook_02s_small_message_table_and_paragraph():
             in table)
     assert "per such message they paid 640–1000 µs, the ring 1105–1441 µs. On these shared cores a step cost about " \
            "what its processes' messages cost, in sequence or not" in table
-    fast = lessons.colocated_note(ps, ps, {2: 1225e-6, 3: 1105e-6, 4: 1441e-6})          # as fast as one server
-    assert "took 1.0–1.0× one server's step, as the model has it" in fast
+    fast = lab_latency.colocated_note(ps, ps, {2: 1225e-6, 3: 1105e-6, 4: 1441e-6})          # as fast as one server
+    assert "took 1.0–1.0× one server's step, where the model puts them a little under it (their bytes are the " \
+           "ring's, their latency 2(α + (N−2)·o)): about one server's, as the model has it." in fast
     slow = lab_rows((1.2e-3, 2.4e-3, 3.6e-3), (1, 1, 1))                                   # 600 µs a message
-    assert "Per message that is 0.5× the ring's (medians), so the messages each process handles explain part" in \
-        lessons.colocated_note(ps, slow, {2: 1225e-6, 3: 1105e-6, 4: 1441e-6})
+    assert "Per message that is 0.5× the ring's (medians): less than the ring paid, so the count of messages alone " \
+           "would make them slower still" in lab_latency.colocated_note(ps, slow, {2: 1225e-6, 3: 1105e-6, 4: 1441e-6})
+    dear = lab_rows((4e-3, 8e-3, 12e-3), (1, 1, 1))                                         # 2 ms a message
+    assert "Per message that is 1.6× the ring's (medians): more than the count of messages alone explains" in \
+        lab_latency.colocated_note(ps, dear, {2: 1225e-6, 3: 1105e-6, 4: 1441e-6})
     slow = lessons.latency_note(304e-6, 157e-6, 304e-6, 1225e-6, [2, 3, 4], 4, 95 * 1024)
     for s in ("o = 304 µs, 1.9× α: each further worker cost the server more than the link's whole α",
               "1225 µs each (median over N), 8× the ping-pong's α",
@@ -126,8 +134,8 @@ def test_notebook_02s_extrapolation_gives_the_models_numbers():
               "37% of the time at N = 64 and 38% at N = 512", "o = 304 µs",
               f"({costmodel.t_comm_ring(512, K, a, B):.2f} s at N = 512"):
         assert s in text, s
-    bare = costmodel.t_comm_ps(512, K, a, B, 1, 0)
-    assert f"it is {t_one[-1] - bare:.2f} s (with o = 0: {bare:.0f} s): the bytes, not o, make" in text
+    o_part, wire = 2 * 511 * o, costmodel.t_comm_ps(512, K, 0, B, 1, 0)
+    assert f"at N = 512 it is {o_part:.2f} s, the bytes {wire:.2f} s: the bytes, not o, make" in text
     slow_o = lessons.extrapolation_note(ns, costmodel.t_comm_ps(ns, 4096, a, B, 1, o), share, 0.25, o, 4096, a, B)
     assert "o, more than the bytes, make the server collapse" in slow_o       # small K: o dominates
 
@@ -149,7 +157,7 @@ def test_notebook_03s_lab_paragraphs_give_the_runs_numbers():
     link = {"alpha_range": [44e-6, 570e-6], "rounds": 5}
     args = (64 << 20, ring, ps, 121e-6, 121e6, link, "1gbit", {"kit ring": 0.94, "Horovod (Gloo)": 0.71})
     text = lessons.ring_lab_note(*args, reps=3, ranges=True)
-    for s in ("Over 1gbit links (ping-pong: α = 121 µs, median of 5 rounds that ranged 44–570 µs; B = 121 MB/s",
+    for s in ("The links: 1gbit (ping-pong: α = 121 µs, median of 5 rounds that ranged 44–570 µs; B = 121 MB/s",
               "K = 64 MB", "569 ms (567–570 over 3 calls) at N = 2", "853 ms (851–854 over 3 calls) at N = 4",
               "1.50× (the model: 1.50×; its bandwidth term 2(N−1)/N alone: 1.50×)", "2273 ms (2271–2274 over 3 calls)",
               "2.00× (model 2.00×)", "ring 1.03, 1.03; PS 1.03, 1.03", "sent 1.003× the model's",
@@ -170,7 +178,8 @@ def test_notebook_03s_lab_paragraphs_give_the_runs_numbers():
     overlapped = lessons.ring_latency_note(4096, 30, ps, ring, 1e-4, 0, 1e-4, [], 4, 0)
     assert "not the slower one at any N" in overlapped and "serial per-message cost" not in overlapped
     assert "(N−1)·o: at N = 8. What this run measured is that each of the ring's messages in sequence cost 10× " \
-           "the ping-pong's α and 20.0× the server's o" in lessons.ring_loss([8], 100e-6, 50e-6, 1e-3)   # 6α > 7o
+           "the ping-pong's α and 20.0× the server's o" in lab_latency.ring_loss([8], 100e-6, 50e-6, 1e-3)   # 6α > 7o
+    assert "10× the ping-pong's α: a ring step" in lab_latency.ring_loss([8], 100e-6, 0.0, 1e-3)   # no o fitted
     assert "less than the link's α (100 µs): the further messages' latencies overlapped" in overlapped
 
 
@@ -264,13 +273,15 @@ def test_appendix_03as_fusion_off_note_weighs_this_run_against_the_benchmark():
     bench = {"Horovod (Gloo)": {"one_by_one": 0.128}, "Horovod (Gloo), fusion off": {"one_by_one": 0.232}}
     text = appendix_notes.fusion_off_note(run, bench, 100)
     assert "5.06 ms per tensor with fusion on, 1.60 ms with it off (0.32×)" in text
-    assert "measured 1.28 and 2.32 ms (1.81×): the opposite order. With nothing to fuse" in text
+    assert "measured 1.28 and 2.32 ms (1.81×). The two runs disagree, so they do not settle" in text
     bench["Horovod (Gloo), fusion off"]["one_by_one"] = 0.1
-    assert "the same order. Fusion off was the faster one tensor at a time in both runs" in \
+    assert "fusion off was the faster one tensor at a time in both runs, which the setting alone does not explain" in \
         appendix_notes.fusion_off_note(run, bench, 100)
     run["Horovod (Gloo), fusion off"]["one_by_one"], bench["Horovod (Gloo), fusion off"]["one_by_one"] = 0.7, 0.3
-    assert "the same order. Fusion off was the slower one tensor at a time in both runs, so the setting seems" in \
-        appendix_notes.fusion_off_note(run, bench, 100)
+    assert "fusion off was the slower one tensor at a time in both runs" in appendix_notes.fusion_off_note(run, bench,
+                                                                                                         100)
+    run["Horovod (Gloo), fusion off"]["one_by_one"], bench["Horovod (Gloo), fusion off"]["one_by_one"] = 0.52, 0.13
+    assert "(1.02×): about the same in both runs." in appendix_notes.fusion_off_note(run, bench, 100)
     assert "benchmark" not in appendix_notes.fusion_off_note(run, None, 100)
     assert set(appendix_notes.committed_fusion()) >= set(run)               # the committed results/allreduce.json
 
@@ -282,13 +293,14 @@ def test_the_straggler_note_reads_why_the_mean_staleness_fell_from_the_records()
     who = np.concatenate([who, [0] * 20])                         # and alone at the end
     s = np.where(who == 0, 5.0, 1.0)
     s[-20:] = 0.0
-    text = staleness.straggler_note(np.full(300, 1.92), s, who, 0, 100)
+    text = staleness.straggler_note(np.full(300, 1.92), s, who, 0)
     for part in ("Mean staleness: 1.92 without the straggler, 1.16 with it (it fell)",
-                 "finished their 100 steps by update 200 of 220; the straggler's last 20 updates",
+                 "The fast workers' last update was update 200 of 220; the straggler's last 20 updates",
                  "Before that point the mean was 1.28, still under the 1.92 without it: the fast workers' 186 updates "
                  "averaged 1.00, near the 1 other fast worker", "The straggler's own 14 averaged 5.00",
                  "but they were 7% of the updates before that point."):
         assert part in text, part
-    higher = staleness.straggler_note(np.full(300, 1.0), s, who, 0, 100)
-    assert "higher than without the straggler: the mean fell only because" in higher
-    assert "did not push last" in staleness.straggler_note(np.full(300, 1.0), s[:200], who[:200], 0, 100)
+    higher = staleness.straggler_note(np.full(300, 1.0), s, who, 0)                     # 1.16 overall: it rose
+    assert "(it did not fall in this run)" in higher and "higher than without the straggler too." in higher
+    assert "the mean fell only because" in staleness.straggler_note(np.full(300, 1.2), s, who, 0)
+    assert "did not push last" in staleness.straggler_note(np.full(300, 1.0), s[:200], who[:200], 0)

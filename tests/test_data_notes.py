@@ -175,3 +175,12 @@ def test_the_prefetch_factor_note_weighs_the_spread_against_the_noise():
     run["prefetch_factor=4"]["samples_per_s"] = 1500.0
     wide = notes.prefetch_factor_note(run)
     assert "differs by 22%" in wide and "More than 10%, but one run each on a shared machine" in wide
+
+
+def test_the_prefetch_factor_note_says_loading_kept_up_only_when_the_step_was_busy():
+    run = {"prefetch_factor=1": {"samples_per_s": 1000.0, "busy": 0.70},
+           "prefetch_factor=4": {"samples_per_s": 1050.0, "busy": 0.72}}
+    text = notes.prefetch_factor_note(run)
+    assert "no evidence that the queue's depth matters here." in text and "kept up" not in text
+    run["prefetch_factor=1"]["busy"] = run["prefetch_factor=4"]["busy"] = 0.93
+    assert "loading kept up on average" in notes.prefetch_factor_note(run)

@@ -115,10 +115,13 @@ def test_the_summary_lists_what_the_run_measured():
     assert text.endswith("20% over 10 Gbit/s.")                                   # runs without their speed-ups
     lab_up = ({"allreduce_share": 0.45, "speedup": 1.80}, {"allreduce_share": 0.19, "speedup": 1.86})
     same = summary.measured(RUN, None, [], 0.97, {4: 0.98}, True, (12, 12), lab_up)
-    assert "the speed-ups over one worker were 1.80× and 1.86×, nearly the same: most of the slower" in same
+    assert "the speed-ups over one worker were 1.80× and 1.86×, within 10% of each other: the link's speed" in same
     lab_up[1]["speedup"] = 2.0
     assert "1.80× and 2.00×: the faster link paid." in summary.measured(RUN, None, [], 0.97, {4: 0.98}, True,
                                                                          (12, 12), lab_up)
+    lab_up[1]["speedup"] = 1.5
+    assert "1.80× and 1.50×: the faster link's run was the slower one" in summary.measured(
+        RUN, None, [], 0.97, {4: 0.98}, True, (12, 12), lab_up)
     below = dict(RUN, acc_n=0.85)
     assert "(below one process's range" in summary.measured(below, SEEDS, accuracy.run_checks(below, SEEDS), 0.97,
                                                              {4: 0.98}, False, (11, 12), lab)

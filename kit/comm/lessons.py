@@ -15,6 +15,7 @@ import numpy as np
 
 from kit.checks import Check
 from kit.comm.costmodel import crossover_bytes, human, latency_share, ring_bytes, t_comm_ps, t_comm_ring
+from kit.comm.lab_latency import alpha_parts, colocated_note, ring_loss
 
 GROWTH_TOL = 0.25     # the step's growth from the smallest to the largest N, against the model's: within 25%
 SAME = (0.9, 1.1)     # plain ring's time / the kit's ring's within this band: "about the same"; above it the kit's won
@@ -124,21 +125,6 @@ def link_note(alpha: float, B: float, link: dict, rate: str) -> str:
             + alpha_parts(alpha, link))
 
 
-def alpha_parts(alpha: float, link: dict) -> str:
-    """Return the sentence that splits the ping-pong's α into the link's part (a bare socket's 4-byte one-way time on
-    the same two hosts, measured in the same rounds: link["socket_alpha"]) and the rest: the software's, Gloo's
-    and the engines' threads waking on shared cores. "" for a run without the socket measure (older JSON)."""
-    if "socket_alpha" not in link:
-        return ""
-    s, (lo, hi), (a_lo, a_hi) = link["socket_alpha"], link["socket_alpha_range"], link.get("alpha_range", [alpha] * 2)
-    return (f" The same two hosts with bare sockets (a 4-byte echo between two plain processes, in the same rounds): "
-            f"{s * 1e6:.0f} µs one way, {s / alpha:.0%} of α. The rest is software: Gloo's and the engines' threads "
-            "being woken and scheduled on this machine's shared cores. That part moves with whatever else runs at the "
-            "moment, which is why α differs from round to round and from one notebook's run to another's on the same "
-            f"link: over these rounds α ranged {a_lo * 1e6:.0f}–{a_hi * 1e6:.0f} µs, the bare socket "
-            f"{lo * 1e6:.0f}–{hi * 1e6:.0f} µs.")
-
-
 def bandwidth_note(K: int, ps: dict[int, dict], byteps: dict[int, dict], ring: dict[int, dict]) -> str:
     """Return notebook 02's large-message paragraph: each implementation's step from the smallest to the largest N
     against the model's growth, and the bytes its NICs sent against the model's. Rows: {N: row of the run}."""
@@ -180,50 +166,6 @@ def latency_table(K: int, reps: int, ps: dict[int, dict], byteps: dict[int, dict
             f"{rows}\n\n" + colocated_note(ps, byteps, ring_alpha))
 
 
-def colocated_note(ps: dict[int, dict], byteps: dict[int, dict], ring_alpha: dict[int, float]) -> str:
-    """Return the sentence on the servers on the workers at small K: their step against one server's, and per
-    message each of their processes handles (2(N−1): N−1 shards pushed and served, N−1 pulled) against the ring's."""
-    ns = sorted(n for n in byteps if n > 1 and n in ps and n in ring_alpha)
-    if not ns:
-        return ""
-    times = [byteps[n]["seconds"] / ps[n]["seconds"] for n in ns]
-    per = [byteps[n]["seconds"] / (2 * (n - 1)) * 1e6 for n in ns]
-    ring = [ring_alpha[n] * 1e6 for n in ns]
-    rng = lambda v, f: f"{min(v):{f}}–{max(v):{f}}"                                        # noqa: E731
-    if max(times) < 1.2:
-        return (f"The servers on the workers took {rng(times, '.1f')}× one server's step, as the model has it: their "
-                "bytes are the ring's, their latency 2(α + (N−2)·o).")
-    return (f"The servers on the workers took {rng(times, '.1f')}× one server's step, where the model puts them a "
-            "little under it (their bytes are the ring's, their latency 2(α + (N−2)·o)). Each of their processes "
-            "sends and receives 2(N−1) messages a step, as a ring rank does; per such message they paid "
-            f"{rng(per, '.0f')} µs, the ring {rng(ring, '.0f')} µs. "
-            + ("On these shared cores a step cost about what its processes' messages cost, in sequence or not: "
-               if 2 / 3 <= np.median(per) / np.median(ring) <= 1.5 else
-               f"Per message that is {np.median(per) / np.median(ring):.1f}× the ring's (medians), so the messages "
-               "each process handles explain part of the gap, not all of it: ")
-            + "the model's o, fitted to one server whose workers send 2 messages each, does not carry over to "
-              "processes that each handle 2(N−1).")
-
-
-def ring_loss(loses: list[int], alpha: float, o: float, a_ring: float, said: bool = False) -> str:
-    """Return the sentence on where the ring was slower than one server at small K, read with care: `a_ring` is the
-    ring's own time over its messages, so a model with it reproduces the loss by construction; with the ping-pong's
-    α for every message the model has the ring slower only where (N−2)·α > (N−1)·o. `said`: the paragraph already
-    gives a_ring against α (then the closing sentence on what the run measured is left out)."""
-    if not loses:
-        return "The ring was not the slower one at any N of this run."
-    by_alpha = [n for n in loses if (n - 2) * alpha > (n - 1) * o]
-    return (f"**The ring was the slower one at N = {', '.join(map(str, loses))}.** That is the ring's weakness in "
-            "kind, latency paid message after message; but a model with the ring's own cost per message reproduces "
-            "it by construction. With the ping-pong's α for every message, the model has the ring slower only where "
-            f"(N−2)·α > (N−1)·o: at "
-            + (f"N = {', '.join(map(str, by_alpha))}" if by_alpha else "none of these N")
-            + ("." if said else f". What this run measured is that each of the ring's messages in sequence cost "
-            f"{a_ring / alpha:.0f}× the ping-pong's α and {a_ring / max(o, 1e-9):.1f}× the server's o: a ring step "
-            "waits until N processes have been scheduled on the shared cores, one message after another, while the "
-            "server pays each further worker once."))
-
-
 def latency_note(o_fit: float, alpha: float, o: float, a_ring: float, loses: list[int], n: int, k_star: float) -> str:
     """Return notebook 02's small-message paragraph: the server's fitted o (`o_fit`, and `o` = max(o_fit, 0)), the
     ring's time per message in sequence `a_ring`, the N where the ring was slower, the model's crossover at N = n."""
@@ -248,7 +190,7 @@ def extrapolation_note(ns, t_one, share: dict[int, float], compute_s: float, o: 
     """Return notebook 02's extrapolation paragraph: one server's time (`t_one`, one per N of `ns`) against the
     compute, the k = 64 column's latency `share` ({N: fraction}), and the ring's time and latency at the largest N."""
     n = ns[-1]
-    bare = t_comm_ps(n, K, alpha, B, 1, 0)       # the same server without the lab's o
+    wire, o_part = t_comm_ps(n, K, 0, B, 1, 0), t_one[-1] - t_comm_ps(n, K, alpha, B, 1, 0)   # bytes; the lab's o
     return (f"One server: already at N={ns[0]} communication takes {t_one[0]:.2f} s per step, "
             f"{t_one[0] / compute_s:.1f}× the assumed {compute_s} s of compute; at N={n} it takes {t_one[-1]:.0f} s, "
             f"so {n} workers train at {compute_s / (compute_s + t_one[-1]):.2%} efficiency. The time grows linearly "
@@ -256,9 +198,9 @@ def extrapolation_note(ns, t_one, share: dict[int, float], compute_s: float, o: 
             "k links and still grow linearly in N/k. Latency is not negligible everywhere: in the k = 64 column it is "
             f"{share[64]:.0%} of the time at N = 64 and {share[n]:.0%} at N = {n}, with this lab's o = "
             f"{o * 1e6:.0f} µs paid once per worker. That o is what this lab's shared cores made of each further "
-            f"message; of one server's {t_one[-1]:.0f} s at N = {n} it is {t_one[-1] - bare:.2f} s (with o = 0: "
-            f"{bare:.0f} s): {'the bytes, not o,' if bare > t_one[-1] / 2 else 'o, more than the bytes,'} make the "
-            "server collapse. Notebook 03's ring keeps each link's traffic at 2(N−1)/N·K each way, under 2K "
+            f"message; of one server's {t_one[-1]:.2f} s at N = {n} it is {o_part:.2f} s, the bytes {wire:.2f} s: "
+            f"{'the bytes, not o,' if wire > o_part else 'o, more than the bytes,'} make the server collapse. "
+            "Notebook 03's ring keeps each link's traffic at 2(N−1)/N·K each way, under 2K "
             "whatever N, and pays in latency: 2(N−1) messages one after another per step "
             f"({t_comm_ring(n, K, alpha, B):.2f} s at N = {n}, {latency_share('ring', n, K, alpha, B):.0%} of it "
             "latency).")
@@ -294,7 +236,7 @@ def ring_lab_note(K: int, ring: dict[int, dict], ps: dict[int, dict], alpha: flo
                         if "range" in r and reps > 1 and ranges else "")
     fit = lambda r: f"{r['seconds'] / r['model_s']:.2f}"                                            # noqa: E731
     sent = np.mean(ring[hi]["tx"]) / ring[hi]["model_bytes"]
-    return (f"Over {rate} links (ping-pong: α = {alpha * 1e6:.0f} µs, median of {link.get('rounds', 1)} rounds that "
+    return (f"The links: {rate} (ping-pong: α = {alpha * 1e6:.0f} µs, median of {link.get('rounds', 1)} rounds that "
             f"ranged {a_lo * 1e6:.0f}–{a_hi * 1e6:.0f} µs; B = {B / 1e6:.0f} MB/s; the same for every N)."
             f"{alpha_parts(alpha, link)} "
             f"K = {human(K)}: the kit's ring took {_ms(ring[lo])}{spread(ring[lo])} at N = {lo} and "

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def straggler_note(plain, staleness, who, straggler: int, steps: int) -> str:
+def straggler_note(plain, staleness, who, straggler: int) -> str:
     """Return the paragraph on the mean staleness without (`plain`: one run's staleness per update) and with a
     straggler (`staleness`, and `who` pushed each update): the stretch after the fast workers' last update, and before
     it each kind of worker's mean against the run without the straggler."""
@@ -28,13 +28,13 @@ def straggler_note(plain, staleness, who, straggler: int, steps: int) -> str:
     last_fast = int(fast.max())
     tail, before, by = s[last_fast + 1:], s[:last_fast + 1], who[:last_fast + 1]
     quick, slow = before[by != straggler], before[by == straggler]
-    text += (f"The fast workers finished their {steps} steps by update {last_fast + 1} of {len(s)}; the straggler's "
+    text += (f"The fast workers' last update was update {last_fast + 1} of {len(s)}; the straggler's "
              f"last {len(tail)} updates came after that, with nobody else updating in between, at staleness "
              f"{tail.mean():.2f} on average (the figure's last points). Before that point the mean was "
              f"{before.mean():.2f}")
     if before.mean() > plain.mean():
         return text + (", higher than without the straggler: the mean fell only because the run ends with the "
-                       "straggler alone.")
+                       "straggler alone." if s.mean() < plain.mean() else ", higher than without the straggler too.")
     others = len(set(who.tolist())) - 2                     # the other fast workers, besides the one pushing
     why = (f", near the {others} other fast worker{'s' * (others != 1)} that can push between a fast worker's pull and "
            f"its push (without the straggler, {others + 1}): the straggler, pushing seldom, rarely overtook them"

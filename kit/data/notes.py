@@ -137,8 +137,9 @@ def prefetch_factor_note(stats: dict[str, dict]) -> str:
     busy = [v["busy"] for v in stats.values()]
     return (f"From the slowest setting ({lo}, {rate[lo]:.0f} samples/s) to the fastest ({hi}, {rate[hi]:.0f}) the "
             f"throughput differs by {spread:.0%}; the step was busy {min(busy):.0%} to {max(busy):.0%} of the time. "
-            + (f"Within {NOISE:.0%}, one run each: no evidence that the queue's depth matters here. Loading keeps "
-               "up with the step on average, so a deeper queue has nothing to hide; it only absorbs jitter."
+            + (f"Within {NOISE:.0%}, one run each: no evidence that the queue's depth matters here."
+               + (" The step was busy nearly all the time whatever the depth: loading kept up on average, so a "
+                  "deeper queue had nothing to hide; it only absorbs jitter." if min(busy) >= 0.9 else "")
                if spread <= NOISE else
                f"More than {NOISE:.0%}, but one run each on a shared machine: run the cell again before reading an "
                "order into it. A deeper queue can only help when loading is uneven (slow reads, big images); "

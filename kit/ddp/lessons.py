@@ -62,17 +62,22 @@ def bucket_extremes(x: dict) -> tuple[dict, dict]:
 
 
 def twins(x: dict) -> str:
-    """Return the sentence on bucket sizes that made the same number of allreduces (the same messages, so their
-    difference is the run's noise), or "" where every count is made once."""
+    """Return the sentence on bucket sizes that made the same number of allreduces (the same bytes in as many
+    messages, so their difference is the run's noise), or "" where every count is made once."""
     rows = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
     same = {}
     for r in rows:
         same.setdefault(r["calls"], []).append(r)
-    parts = [f"{' and '.join(r['label'] for r in g)} both made {c} allreduces, yet their medians were "
-             f"{max(r['step_ms'] for r in g) - min(r['step_ms'] for r in g):.1f} ms apart"
+    ends = {max(same), min(same)}
+    parts = [f"{' and '.join(r['label'] for r in g)} {'both' if len(g) == 2 else 'all'} made {c} allreduces, yet "
+             f"their medians were {max(r['step_ms'] for r in g) - min(r['step_ms'] for r in g):.1f} ms apart"
              for c, g in sorted(same.items(), reverse=True) if len(g) > 1]
-    return ("; ".join(parts) + ": that much is this run's noise between identical messages, so the check compares "
-            "the fastest of the most-messages settings with the slowest of the fewest") if parts else ""
+    if not parts:
+        return ""
+    checked = any(len(g) > 1 and c in ends for c, g in same.items())
+    return ("; ".join(parts) + ": that much is this run's noise between the same bytes in as many messages"
+            + (", so the check compares the fastest of the most-messages settings with the slowest of the fewest"
+               if checked else ""))
 
 
 def correct_check(x: dict) -> Check:

@@ -33,8 +33,8 @@ import numpy as np
 
 from kit.comm.byteps import allreduce_colocated
 from kit.comm.costmodel import busbw, fit_alpha_beta, fit_latency, pingpong, predict, ring_bytes, t_comm_ps
-from kit.netlab.counters import counters, payload
 from kit.netlab import rate as netlab_rate
+from kit.netlab.counters import counters, payload
 from kit.netlab.lab import start as start_lab
 from kit.netlab.system import parse_rate
 

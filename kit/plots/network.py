@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kit.comm import lab_latency
 from kit.comm.costmodel import human, ring_bytes, t_comm_ps, t_comm_ring
 from kit.plots.style import LABELS
 
@@ -174,20 +175,13 @@ SHORT = {"ring": "kit ring", "byteps": "PS, k=N co-located", "torch": "torch.dis
 
 
 def readme_tables(x: dict, K: int, small_reps: int | None = None) -> str:
-    """Return docs/benchmarks/network.md for a run: the links (ping-pong, stream), then every row at K bytes."""
+    """Return docs/benchmarks/network.md for a run: the link (ping-pong, bare socket, stream), every row at K bytes,
+    then the smallest messages (timed `small_reps` times)."""
     cores = x.get("machine", {}).get("cpu_cores", "?")
-    v, us = x["link"], lambda a: f"{a * 1e6:.0f}"
-    rng = lambda key: "–".join(map(us, v.get(f"{key}_range", [v.get(key, 0)] * 2)))    # noqa: E731
-    out = [f"Links {x['rate']} each way; {cores} cores; run took {x['seconds']:.0f} s; {x['reps']} timed calls "
-           f"per point. One link measurement for every N ({v.get('rounds', 1)} rounds; median, then the rounds' "
-           "range):", "", "| α ping-pong (µs) | α bare socket (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |",
-           "|---|---|---|---|",
-           f"| {us(v['alpha'])} ({rng('alpha')}) | " + (f"{us(v['socket_alpha'])} ({rng('socket_alpha')})"
-                                                         if "socket_alpha" in v else "not measured") +
-           f" | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |", "",
-           "α bare socket: a 4-byte echo between two plain processes on h1 and h2 (`kit.netlab.rate.echo`), the "
-           "link's own latency; the rest of the ping-pong's α is Gloo's and the engines' threads waiting for the "
-           "shared cores."]
+    small = min(x["sizes"])
+    out = [f"Links {x['rate']} each way; {cores} cores; run took {x['seconds']:.0f} s; {x['reps']} timed calls per "
+           "point" + (f" ({human(small)}: {small_reps})" if small_reps and small_reps != x["reps"] else "") + "."]
+    out += _link_rows(x)
     out += ["", f"At K = {human(K)}:", "",
             "| implementation | N | ms measured | ms model | measured/model | busbw (MB/s) | busbw/link "
             "| NIC sent per host / model |", "|---|---|---|---|---|---|---|---|"]
@@ -205,6 +199,26 @@ def readme_tables(x: dict, K: int, small_reps: int | None = None) -> str:
     return "\n".join(out + small_k(x, small_reps or x["reps"]))
 
 
+def _link_rows(x: dict) -> list[str]:
+    """Return the link's table: one measurement for every N (median and the rounds' range, the bare socket's α), or,
+    for runs before 2026-12-06 (a lab per N, no "link"), one row per N."""
+    us = lambda a: f"{a * 1e6:.0f}"                                                    # noqa: E731
+    if "link" not in x:
+        return ["", "| N | α (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |", "|---|---|---|---|"] + [
+            f"| {n} | {us(v['alpha'])} | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |"
+            for n, v in sorted(x["links"].items(), key=lambda kv: int(kv[0]))]
+    v = x["link"]
+    rng = lambda key: "–".join(map(us, v.get(f"{key}_range", [v.get(key, 0)] * 2)))    # noqa: E731
+    socket = "socket_alpha" in v
+    return [f"One link measurement for every N ({v.get('rounds', 1)} rounds; median, then the rounds' range):", "",
+            "| α ping-pong (µs) | α bare socket (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |", "|---|---|---|---|",
+            f"| {us(v['alpha'])} ({rng('alpha')}) | "
+            + (f"{us(v['socket_alpha'])} ({rng('socket_alpha')})" if socket else "not measured")
+            + f" | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |"] + (
+        ["", "α bare socket: a 4-byte echo between two plain processes on h1 and h2 (`kit.netlab.rate.echo`), the "
+             "link's own latency." + lab_latency.alpha_parts(v["alpha"], v).split(" of α.", 1)[1]] if socket else [])
+
+
 def small_k(x: dict, reps: int) -> list[str]:
     """Return the lines on the run's smallest messages (timed `reps` times: kit.netlab.exchange.SMALL_REPS), notebook
     02's latency table (kit.comm.lessons) at every N, and where the ring was slower than one server, read against
@@ -217,4 +231,4 @@ def small_k(x: dict, reps: int) -> list[str]:
     loses = [n for n in sorted(at["ring"]) if at["ring"][n]["seconds"] > at["ps"][n]["seconds"]]
     a_ring = float(np.median(list(lat["ring_alpha"].values())))
     return ["", lessons.latency_table(K, reps, at["ps"], at["byteps"], at["ring"], lat["ring_alpha"]),
-            "", lessons.ring_loss(loses, alpha_beta(x)[0], max(lat["o"], 0.0), a_ring)]
+            "", lab_latency.ring_loss(loses, alpha_beta(x)[0], max(lat["o"], 0.0), a_ring)]
