@@ -166,8 +166,7 @@ def fusion_off_note(run: dict, bench: dict | None, count: int) -> str:
             f"({b_off / b_on:.2f}×)")
     if here == there:
         return out + (": about the same in both runs." if here == 0 else
-                      f": fusion off was the {'slower' if here > 0 else 'faster'} one tensor at a time in both runs, "
-                      "which the setting alone does not explain with nothing to fuse; this appendix does not measure "
-                      "why.")
+                      f": fusion off was the {'slower' if here > 0 else 'faster'} one tensor at a time in both runs; "
+                      "this appendix does not measure why.")
     return out + (". The two runs disagree, so they do not settle which setting is the faster one tensor at a time on "
                   "this shared machine.")
