@@ -13,6 +13,8 @@ import select
 import sys
 import threading
 
+KIT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the folder that holds `kit` (results/, ...)
+
 # Horovod's Keras integration needs the Keras 2 API (the tf-keras package), chosen by this variable before
 # TensorFlow is first imported (docs/install.md "Why tf-keras"; horovod#4290). TF_CPP_MIN_LOG_LEVEL=2 keeps
 # TensorFlow's C++ start-up lines out of the notebooks' outputs.

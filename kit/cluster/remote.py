@@ -23,12 +23,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from kit import env as kit_env
 from kit import scratch
 from kit.cluster import engines
 from kit.cluster.checks import Hosts
 from kit.cluster.launchers import LOCALHOST, ClusterError, GlooLauncher, MPILauncher, gloo_env
 
-KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds `kit`
+KIT_ROOT = kit_env.KIT_ROOT      # holds `kit`
 IPP_VARS = ("IPP_CONNECTION_INFO", "IPP_CLUSTER_ID", "IPP_PROFILE_DIR")
 CARRY = ("PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS", "KIT_DATA_DIR", "HOROVOD_TIMELINE")
 

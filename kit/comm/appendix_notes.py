@@ -16,6 +16,7 @@ import numpy as np
 
 from kit.checks import Check
 from kit.comm.costmodel import human
+from kit.env import KIT_ROOT
 
 WITHIN = 0.25           # an exchange "within 25%" of a model: |measured / predicted − 1| ≤ this
 OWN_LINE = (0.8, 1.25)  # the ring's call / what its own sweep's fitted line predicts, inside this band: the line fits
@@ -140,7 +141,7 @@ def one_host_summary(top: int, at: dict[str, float], count: int, fused: dict[str
 def committed_fusion() -> dict | None:
     """Return the committed `python -m kit.bench allreduce` run's fusion timings (results/allreduce.json's
     fusion_100x4KB_s), or None where the file is missing."""
-    path = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "results", "allreduce.json")
+    path = os.path.join(KIT_ROOT, "results", "allreduce.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:

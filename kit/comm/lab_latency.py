@@ -19,12 +19,19 @@ def alpha_parts(alpha: float, link: dict) -> str:
     over the rounds. "" for a run without the socket measure (older JSON)."""
     if "socket_alpha" not in link:
         return ""
+    s, (lo, hi) = link["socket_alpha"], link["socket_alpha_range"]
+    return (f" The same two hosts with bare sockets (a 4-byte echo between two plain processes, in the same rounds): "
+            f"{s * 1e6:.0f} µs one way ({lo * 1e6:.0f}–{hi * 1e6:.0f} over the rounds), {s / alpha:.0%} of α."
+            + alpha_reading(alpha, link))
+
+
+def alpha_reading(alpha: float, link: dict) -> str:
+    """Return what the bare socket's α (link["socket_alpha"], measured) says of the ping-pong's α: all of it the
+    link's, or the rest software, and which part moved over the rounds."""
     s, (lo, hi), (a_lo, a_hi) = link["socket_alpha"], link["socket_alpha_range"], link.get("alpha_range", [alpha] * 2)
-    said = (f" The same two hosts with bare sockets (a 4-byte echo between two plain processes, in the same rounds): "
-            f"{s * 1e6:.0f} µs one way ({lo * 1e6:.0f}–{hi * 1e6:.0f} over the rounds), {s / alpha:.0%} of α.")
     if s >= alpha:
-        return said + " On this run the link's own latency is all of α."
-    return said + (" The rest is software: Gloo's and the engines' threads being woken and scheduled on this machine's "
+        return " On this run the link's own latency is all of α."
+    return (" The rest is software: Gloo's and the engines' threads being woken and scheduled on this machine's "
                    "shared cores. " + (
                        "That part is what moved from round to round, while the link's own part held still: why α "
                        "differs between rounds, and between one notebook's run and another's on the same link."

@@ -13,7 +13,7 @@ from kit import env
 from kit.env import MPI_ENV
 from kit.mnist.throughput import paired_runs
 
-REPO = Path(__file__).resolve().parents[2]   # the folder that holds the `kit` package: the jobs' working directory
+REPO = Path(env.KIT_ROOT).resolve()   # the folder that holds the `kit` package: the jobs' working directory
 TRAIN = ("-m", "kit.mnist.train")   # the training script, as `python -m kit.mnist.train`
 TRAIN_FILE = Path(__file__).with_name("train.py")   # its source (notebook 04 prints a part of it)
 

@@ -31,6 +31,7 @@ import types
 
 import numpy as np
 
+from kit import env as kit_env
 from kit.comm.byteps import allreduce_colocated
 from kit.comm.costmodel import busbw, fit_alpha_beta, fit_latency, pingpong, predict, ring_bytes, t_comm_ps
 from kit.netlab import rate as netlab_rate
@@ -48,7 +49,7 @@ SCHEME = {"ps": "ps", "byteps": "colocated"}      # the model of each implementa
 TCP_OVERHEAD_BOUND = 2 * 66 / 1448
 PINGPONG_SMALL, PINGPONG_LARGE = [4, 4 << 10], [1 << 20, 4 << 20, 16 << 20]   # for alpha (many repeats), for B
 SMALL, SMALL_REPS = 64 << 10, 30   # messages up to SMALL bytes are latency-bound and noisy: time them SMALL_REPS times
-KIT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # holds `kit`
+KIT_ROOT = kit_env.KIT_ROOT      # holds `kit`
 
 
 # ----------------------------------------------------------------------------------- on every engine (and server)

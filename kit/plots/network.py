@@ -216,7 +216,7 @@ def _link_rows(x: dict) -> list[str]:
             + (f"{us(v['socket_alpha'])} ({rng('socket_alpha')})" if socket else "not measured")
             + f" | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |"] + (
         ["", "α bare socket: a 4-byte echo between two plain processes on h1 and h2 (`kit.netlab.rate.echo`), the "
-             "link's own latency." + lab_latency.alpha_parts(v["alpha"], v).split(" of α.", 1)[1]] if socket else [])
+             "link's own latency." + lab_latency.alpha_reading(v["alpha"], v)] if socket else [])
 
 
 def small_k(x: dict, reps: int) -> list[str]:
