@@ -96,6 +96,24 @@ def test_abort_interrupts_a_running_task(c2):
 
 
 @pytest.mark.timeout(600)
+def test_a_live_engine_that_does_not_answer_a_setup_call_is_named_not_waited_for(c2):
+    # A set-up call (who the engines are, init_process_group) waits a bounded time: an engine that is alive but
+    # silent (here: stopped by SIGSTOP, as a lost message would leave it) is named, never waited for forever.
+    os.kill(c2._pids[1], signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        ar = c2.view.apply_async(os.getpid)
+        with pytest.raises(kc.NoAnswerError, match=r"^a probe: engine\(s\) \[1\] did not answer in 3 s although "
+                                                   r"alive \(the request was sent; the client's I/O thread is "
+                                                   r"alive\)\. Run cluster.restart\(\)"):
+            c2.answers(ar, "a probe", 3)
+        assert time.monotonic() - t0 < TIMEOUT
+    finally:
+        os.kill(c2._pids[1], signal.SIGCONT)
+    assert sorted(c2.wait(ar, timeout=TIMEOUT)) == sorted(c2._pids.values())   # the engine carries on
+
+
+@pytest.mark.timeout(600)
 def test_a_dead_controller_is_named_within_the_timeout(c2):
     ar = c2.view.apply_async(_sleep, 120)
     direct = c2.client[0].apply_async(_sleep, 120)         # a result the view did not hand out

@@ -4,7 +4,7 @@ gets (devices), stalled collectives (stall), a stopped or broken cluster's refus
 from kit.cluster.checks import ArgumentError, Hosts
 from kit.cluster.core import BACKENDS, DEFAULT_TIMEOUT, Cluster, engine_env, start
 from kit.cluster.devices import DEVICES, plan_devices
-from kit.cluster.guard import ClusterStoppedError, ControllerDiedError, RankDiedError, StallError
+from kit.cluster.guard import ClusterStoppedError, ControllerDiedError, NoAnswerError, RankDiedError, StallError
 from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, Slot, assign_slots, gloo_env, launcher
 from kit.cluster.remote import parse_hosts
 from kit import _lazy_submodules

@@ -52,10 +52,9 @@ class Cluster(guard.Refusing):
         self.kind = (backend, "slurm" if slurm is not None else tuple(self.hosts.items()) if self.hosts else "local")
         self.kind_text = f"backend {backend!r}, " + ("Slurm" if slurm is not None else
                                                      f"hosts {a['hosts']!r}" if self.hosts else "this machine")
-        self._client = self._view = self.slots = None
+        self._client = self._view = self.slots = self._ipp = self._profile = self._dir = self._watch = None
         self.gpus: list[str] = []        # the GPU ids handed out by local rank ([] = engines run on the CPU)
         self.dead: dict[int, str] = {}   # rank -> how it died (see poll_dead), first death first
-        self._ipp = self._profile = self._dir = self._watch = None
         self._procs: dict[int, int] = {}      # pid -> start ticks, of every process the start made
         self._pids, self._outputs = {}, {}    # rank -> engine pid; engine pid -> its output file (local engines)
         self._marks: dict[int, int] = {}      # engine pid -> size of its output file when its last task was sent
@@ -133,10 +132,11 @@ class Cluster(guard.Refusing):
             path = os.path.join(self._profile, f"torch-dist-{time.time_ns()}")
             init_method = f"file://{path}"
         else:  # the TCP store listens on rank 0's host
-            host, port = self._client[self.engine_of(0)].apply_sync(engines.engine_free_address)
+            host, port = self.answers(self._client[self.engine_of(0)].apply_async(engines.engine_free_address),
+                                      "init_process_group (a free port on rank 0's host)", self.timeout)
             init_method = f"tcp://{host}:{port}"
         res = self._view.apply_async(engines.engine_init_process_group, init_method, self.timeout, backend)
-        out = self.wait(res)
+        out = self.answers(res, "init_process_group", self.timeout + 60)   # the engines give up after timeout
         ranks = {eid: r["rank"] for eid, r in zip(self._view.targets, out)}
         bad = [r for r in out if r["size"] != self.n or r["sum"] != self.n]
         if bad or ranks != {e: s.rank for e, s in self.slots.items()}:
@@ -263,7 +263,8 @@ class Cluster(guard.Refusing):
 
     def _setup_engines(self):
         ids = sorted(self._client.ids)
-        info = dict(zip(ids, self._client[ids].apply_sync(engines.engine_identity)))
+        info = dict(zip(ids, self.answers(self._client[ids].apply_async(engines.engine_identity),
+                                          "start (who each engine is)", max(60, self.timeout))))
         ids = self.launcher.rank_order(info)
         self.slots = assign_slots({e: info[e]["host"] for e in ids})
         self.launcher.check_slots(self.slots, info)
@@ -278,9 +279,8 @@ class Cluster(guard.Refusing):
                 for e, s in self.slots.items()}
         for e, extra in self.launcher.job_env(self.slots).items():
             envs[e].update(extra)
-        pending = [self._client[e].apply_async(engines.engine_setup, envs[e]) for e in ids]
-        for p in pending:
-            p.get(timeout=self.timeout)
+        for e, p in [(e, self._client[e].apply_async(engines.engine_setup, envs[e])) for e in ids]:
+            self.answers(p, f"start (engine {e}'s environment)", self.timeout)
         self._view = guard.guard_view(self._client[[self.engine_of(r) for r in range(self.n)]], self)
         self._view.block = True
         if engines.in_ipython():

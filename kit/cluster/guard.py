@@ -36,6 +36,10 @@ class ControllerDiedError(ClusterError):
     """The cluster's ipyparallel controller is gone: nothing sent to the engines can come back."""
 
 
+class NoAnswerError(ClusterError):
+    """Live engines did not answer a short set-up call in time (a lost message: ipython/ipyparallel#373)."""
+
+
 _CLASSES: dict[type, type] = {}
 
 
@@ -197,6 +201,24 @@ class Refusing:
         then = f"; then rank(s) {', '.join(str(r) for r, _ in rest)} went down with it" if rest else ""
         return RankDiedError(f"rank {first} died ({why}){then}. The job is broken: run cluster.restart() for a "
                              "fresh one (no kernel restart needed).")
+
+    def answers(self, async_result, what: str, seconds: float):
+        """Return the answers of a short set-up call (`what`: who the engines are, the rendezvous' address,
+        init_process_group), waiting at most `seconds`. A dead engine is named as by wait(); live engines that do
+        not answer by then raise NoAnswerError naming them, where ipyparallel would wait forever (a request or a
+        reply lost: ipython/ipyparallel#373)."""
+        from ipyparallel.error import TimeoutError as NoReply
+        try:
+            return self.wait(async_result, timeout=seconds)
+        except NoReply:
+            targets = async_result._targets if isinstance(async_result._targets, list) else [async_result._targets]
+            silent = [t for t, m in zip(targets, async_result.msg_ids) if m in self._client.outstanding]
+            io = getattr(self._client, "_io_thread", None)
+            raise NoAnswerError(
+                f"{what}: engine(s) {silent or targets} did not answer in {seconds:.0f} s although alive (the "
+                f"request was {'sent' if async_result.sent else 'never sent'}; the client's I/O thread is "
+                f"{'alive' if io is not None and io.is_alive() else 'gone'}). Run cluster.restart() for a fresh "
+                "job, or stop it and start again.") from None
 
     def track(self, async_result):
         """Remember an AsyncResult of this cluster's view: stop() or the controller's death fails it if pending."""
