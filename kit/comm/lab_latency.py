@@ -48,8 +48,11 @@ def colocated_note(ps: dict[int, dict], byteps: dict[int, dict], ring_alpha: dic
     times = [byteps[n]["seconds"] / ps[n]["seconds"] for n in ns]
     per = [byteps[n]["seconds"] / (2 * (n - 1)) * 1e6 for n in ns]
     ring = [ring_alpha[n] * 1e6 for n in ns]
-    rng = lambda v, f: f"{min(v):{f}}–{max(v):{f}}"                                        # noqa: E731
-    said = (f"The servers on the workers took {rng(times, '.1f')}× one server's step, where the model puts them a "
+    def rng(v, f):              # "2.0" where every N gave the same to the digits shown, else "1.9–2.1"
+        lo, hi = f"{min(v):{f}}", f"{max(v):{f}}"
+        return lo if lo == hi else f"{lo}–{hi}"
+    said = (f"The servers on the workers took {rng(times, '.1f')}× one server's step at N = "
+            f"{', '.join(map(str, ns))}, where the model puts them a "
             "little under it (their bytes are the ring's, their latency 2(α + (N−2)·o))")
     if max(times) < 1.1:
         return said + ": about one server's, as the model has it."

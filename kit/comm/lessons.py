@@ -130,7 +130,11 @@ def bandwidth_note(K: int, ps: dict[int, dict], byteps: dict[int, dict], ring: d
     against the model's growth, and the bytes its NICs sent against the model's. Rows: {N: row of the run}."""
     lo, hi = min(ps), max(ps)
     srv = ps[hi]
-    faster = "the ring" if ring[hi]["seconds"] < byteps[hi]["seconds"] else "the servers on the workers"
+    r_s, b_s = ring[hi]["seconds"], byteps[hi]["seconds"]
+    spread = lambda r: (f" ({r['range'][0] * 1e3:.0f}–{r['range'][1] * 1e3:.0f} over its calls)"   # noqa: E731
+                        if r.get("range") else "")
+    faster = ("the two were level within " f"{SAME_STEP - 1:.0%}" if max(r_s, b_s) <= SAME_STEP * min(r_s, b_s) else
+              "the ring was faster" if r_s < b_s else "the servers on the workers were faster")
     return (f"**Large messages, K = {human(K)}: bandwidth.** One server took {_ms(ps[lo])} per step at N = {lo} "
             f"and {_ms(srv)} at N = {hi}, {_grew(ps, lo, hi):.2f}× (the model: {_grew(ps, lo, hi, 'model_s'):.2f}×; "
             f"measured/model {ps[lo]['seconds'] / ps[lo]['model_s']:.2f} and {srv['seconds'] / srv['model_s']:.2f}). "
@@ -140,8 +144,9 @@ def bandwidth_note(K: int, ps: dict[int, dict], byteps: dict[int, dict], ring: d
             f"{_ms(byteps[lo])} → {_ms(byteps[hi])} ({_grew(byteps, lo, hi):.2f}×, model "
             f"{_grew(byteps, lo, hi, 'model_s'):.2f}×); the ring {_ms(ring[lo])} → {_ms(ring[hi])} "
             f"({_grew(ring, lo, hi):.2f}×, model {_grew(ring, lo, hi, 'model_s'):.2f}×). Same bytes, so the model puts "
-            f"those two within their latency terms of each other; at N = {hi} {faster} was faster ({_ms(ring[hi])} "
-            f"vs {_ms(byteps[hi])}). " + _sharded_vs_ring(byteps, ring))
+            f"those two within their latency terms of each other; at N = {hi} {faster} (ring {_ms(ring[hi])}"
+            f"{spread(ring[hi])}, servers on the workers {_ms(byteps[hi])}{spread(byteps[hi])}). "
+            + _sharded_vs_ring(byteps, ring))
 
 
 def _sharded_vs_ring(byteps: dict[int, dict], ring: dict[int, dict]) -> str:
@@ -186,11 +191,22 @@ def latency_note(o_fit: float, alpha: float, o: float, a_ring: float, loses: lis
 
 
 def extrapolation_note(ns, t_one, share: dict[int, float], compute_s: float, o: float, K: float, alpha: float,
-                       B: float) -> str:
+                       B: float, a_ring: float | None = None) -> str:
     """Return notebook 02's extrapolation paragraph: one server's time (`t_one`, one per N of `ns`) against the
-    compute, the k = 64 column's latency `share` ({N: fraction}), and the ring's time and latency at the largest N."""
+    compute, the k = 64 column's latency `share` ({N: fraction}), and at the largest N the ring against k = 64 servers
+    charged alike: as the lab paid each message (the server α and o, the ring `a_ring` per message in sequence), and
+    with the link's α for every message and no o."""
     n = ns[-1]
     wire, o_part = t_comm_ps(n, K, 0, B, 1, 0), t_one[-1] - t_comm_ps(n, K, alpha, B, 1, 0)   # bytes; the lab's o
+    a_ring = alpha if a_ring is None else a_ring
+
+    def versus(a_r, o_s):
+        ring, k64 = t_comm_ring(n, K, a_r, B), t_comm_ps(n, K, alpha, B, 64, o_s)
+        return (f"the ring {ring:.2f} s ({latency_share('ring', n, K, a_r, B):.0%} of it latency) against {k64:.2f} s "
+                f"for k = 64 servers: the ring {'loses' if ring > k64 else 'wins'}")
+    lab = "" if a_ring == alpha else (
+        f"Charged as this lab paid each message (the ring {a_ring * 1e6:.0f} µs per message in sequence, the servers "
+        f"α and o as above), at N = {n} {versus(a_ring, o)}. ")
     return (f"One server: already at N={ns[0]} communication takes {t_one[0]:.2f} s per step, "
             f"{t_one[0] / compute_s:.1f}× the assumed {compute_s} s of compute; at N={n} it takes {t_one[-1]:.0f} s, "
             f"so {n} workers train at {compute_s / (compute_s + t_one[-1]):.2%} efficiency. The time grows linearly "
@@ -200,10 +216,11 @@ def extrapolation_note(ns, t_one, share: dict[int, float], compute_s: float, o: 
             f"{o * 1e6:.0f} µs paid once per worker. That o is what this lab's shared cores made of each further "
             f"message; of one server's {t_one[-1]:.2f} s at N = {n} it is {o_part:.2f} s, the bytes {wire:.2f} s: "
             f"{'the bytes, not o,' if wire > o_part else 'o, more than the bytes,'} make the server collapse. "
-            "Notebook 03's ring keeps each link's traffic at 2(N−1)/N·K each way, under 2K "
-            "whatever N, and pays in latency: 2(N−1) messages one after another per step "
-            f"({t_comm_ring(n, K, alpha, B):.2f} s at N = {n}, {latency_share('ring', n, K, alpha, B):.0%} of it "
-            "latency).")
+            "Notebook 03's ring keeps each link's traffic at 2(N−1)/N·K each way, under 2K whatever N, and pays in "
+            f"latency: 2(N−1) messages one after another per step. {lab}Charged the link's α ({alpha * 1e6:.0f} µs) "
+            f"for every message and no o, as on a cluster where a message waits for the link rather than for a core, "
+            f"{versus(alpha, 0.0)}. Which one wins at scale turns on what a message costs: the ring pays 2(N−1) of "
+            "them in sequence.")
 
 
 # ----------------------------------------------------------------------------- notebook 03
@@ -251,15 +268,28 @@ def ring_lab_note(K: int, ring: dict[int, dict], ps: dict[int, dict], alpha: flo
 
 
 def ring_latency_note(K: int, reps: int, ring: dict[int, dict], ps: dict[int, dict], alpha: float, o: float,
-                      a_ring: float, loses: list[int], n: int, k_star: float) -> str:
+                      a_ring: float, loses: list[int], n: int, k_star: float,
+                      gloo: dict[int, dict] | None = None) -> str:
     """Return notebook 03's small-message paragraph: the ring against one server at each N, where the ring was
-    slower, its time per message in sequence `a_ring`, the server's o and the model's crossover at N = n."""
+    slower, its time per message in sequence at each N and their median `a_ring`, Gloo's own C++ ring (`gloo`:
+    torch.distributed's rows, when run) against the same server, the server's o and the model's crossover at N = n."""
     times = ", ".join(f"N = {m}: ring {ring[m]['seconds'] * 1e3:.2f} ms, one server {ps[m]['seconds'] * 1e3:.2f} ms"
                       for m in sorted(ring))
+    per_msg = ", ".join(f"{ring[m]['seconds'] / (2 * (m - 1)) * 1e6:.0f}" for m in sorted(ring) if m > 1)
     lost = ring_loss(loses, alpha, o, a_ring, said=True) + " "
+    c_ring = ""
+    if gloo:
+        slower = [m for m in sorted(gloo) if m in ps and gloo[m]["seconds"] > ps[m]["seconds"]]
+        at = ", ".join(f"N = {m}: {gloo[m]['seconds'] * 1e3:.2f} ms" for m in sorted(gloo))
+        c_ring = (f"Gloo's own ring (`torch.distributed`, C++, no Python per step) at the same points: {at}; " + (
+            f"slower than one server at N = {', '.join(map(str, slower))}: the loss is the ring's, not only the "
+            "kit's Python ring's. " if slower else "slower than one server at none of them: this loss is the kit's "
+            "Python ring's per-step cost, not the ring's. "))
     return (f"At K = {human(K)} latency decides ({reps} calls per point, medians): {times}. {lost}Its 2(N−1) "
-            f"messages in sequence cost {a_ring * 1e6:.0f} µs each (median over N), {a_ring / alpha:.0f}× the "
-            "ping-pong's α: on two shared cores each step waits until N processes have been scheduled. The server's "
+            f"messages in sequence cost {per_msg} µs each at N = {', '.join(str(m) for m in sorted(ring) if m > 1)} "
+            f"(median {a_ring * 1e6:.0f} µs, {a_ring / alpha:.0f}× the ping-pong's α; one N to the next moves it, "
+            "and K* below with it): on two shared cores each step waits until N processes have been scheduled. "
+            + c_ring + "The server's "
             f"steps fit 2(α + (N−1)·o) with o = {o * 1e6:.0f} µs per further worker, " + (
                 f"more than the link's whole α ({alpha * 1e6:.0f} µs): a serial per-message cost, not the link's "
                 "latency, set the server's step; each further worker was paid in turn, at the pace the shared cores "
@@ -272,16 +302,18 @@ def ring_latency_note(K: int, reps: int, ring: dict[int, dict], ps: dict[int, di
 
 
 def at_scale_note(engines: int, plain_ms: float, kit_ms: float, alpha: float, B: float, K: float, n: int = 1024,
-                  small: int = 4096, o: float = 0.0) -> str:
+                  small: int = 4096, o: float = 0.0, a_ring: float | None = None) -> str:
     """Return notebook 03's closing paragraph: the live rings' 16 MB times, then the model at N = n with this box's
     α and B: the ring against one server at K and at `small` bytes (o = 0), and the crossover below which it loses;
-    with the lab's server overhead `o` > 0, the same crossover with it (notebook 02 charges its server that o)."""
-    with_o = crossover_bytes(n, alpha, B, o)
+    with the lab's costs (`o` > 0 for the server and `a_ring` per ring message, both as the lab paid them, as
+    notebook 02 charges them), the same crossover on that footing."""
+    a_r = alpha if a_ring is None else a_ring
+    with_o = crossover_bytes(n, alpha, B, o, alpha_ring=a_r)
     lab_o = "" if o <= 0 else (
-        f" Charged the lab's o = {o * 1e6:.0f} µs per further worker, as notebook 02 charges its server, one server "
-        f"pays {2 * (n - 1) * o * 1e3:.0f} ms more per step at N = {n} and the ring "
-        + (f"loses only below {human(with_o)}." if with_o > 0 else "never loses. That o is what this box's shared "
-           "cores made of each message (section 6), not a cluster's server's own CPU time per message."))
+        f" Charged both sides what the lab paid per message (section 6: the server o = {o * 1e6:.0f} µs per further "
+        f"worker, the ring {a_r * 1e6:.0f} µs per message in sequence), at N = {n} the ring "
+        + (f"loses below {human(with_o)}." if with_o > 0 else "never loses.") + " Those are what this box's shared "
+        "cores made of each message, not a cluster's.")
     return (f"16 MB on {engines} engines: the plain ring {plain_ms:.1f} ms, the kit's ring {kit_ms:.1f} ms. At scale "
             f"(the model, this box's α = {alpha * 1e6:.0f} µs and B = {B / 1e9:.2f} GB/s), N = {n}, K = {human(K)}: "
             f"ring {t_comm_ring(n, K, alpha, B):.2f} s ({latency_share('ring', n, K, alpha, B):.0%} of it its "

@@ -101,15 +101,20 @@ def plot_ps_model(ab: dict, rows: list[dict], ax=None):
 
 
 def plot_ps_extrapolation(alpha: float, B: float, K: float, ns, ks=(1, 8, 64), compute_s: float | None = None,
-                          ax=None):
-    """Plot predicted PS communication time per step, 2 alpha + 2 max(N/k, 1) K/B (`t_comm_ps`), against N for k
-    servers, with the ring's 2(N-1)(alpha + K/(N B)) for comparison."""
+                          ax=None, o: float = 0.0, alpha_ring: float | None = None):
+    """Plot predicted PS communication time per step, 2(alpha + (max(N, k) - 1) o) + 2 max(N/k, 1) K/B
+    (`t_comm_ps`), against N for k servers, with the ring's 2(N-1)(a + K/(N B)) for comparison: a = alpha_ring, its
+    own cost per message, when given (then the ring with the link's alpha dotted beside it)."""
     from kit.comm.costmodel import t_comm_ps, t_comm_ring
     ax = axes(ax, 1, (5.5, 3.8))[0]
     ns = np.asarray(ns)
     for k in ks:
-        ax.loglog(ns, t_comm_ps(ns, K, alpha, B, k), "o-", label=f"PS, k={k} server(s)")
-    ax.loglog(ns, t_comm_ring(ns, K, alpha, B), "k.-", lw=1, label="ring")
+        ax.loglog(ns, t_comm_ps(ns, K, alpha, B, k, o), "o-", label=f"PS, k={k} server(s)")
+    if alpha_ring is not None and alpha_ring != alpha:
+        ax.loglog(ns, t_comm_ring(ns, K, alpha_ring, B), "k.-", lw=1,
+                  label=f"ring, {alpha_ring * 1e6:.0f} µs per message")
+    ax.loglog(ns, t_comm_ring(ns, K, alpha, B), "k.:" if alpha_ring not in (None, alpha) else "k.-", lw=1,
+              label=f"ring, the link's α ({alpha * 1e6:.0f} µs)" if alpha_ring not in (None, alpha) else "ring")
     if compute_s:
         ax.axhline(compute_s, color="k", ls="--", lw=1, label=f"compute per step ({compute_s:g} s)")
     ax.set_xlabel("workers N"), ax.set_ylabel("seconds per step (communication)")
