@@ -125,8 +125,30 @@ def test_the_bucket_check_wants_the_difference_outside_the_steps_spread():
     said = _failed(lessons.buckets_check(x))
     assert "the shorter in only 60% of the pairs of timed steps: the 2.0 ms between the medians" in said
     few.update(steps_ms=[22.0, 23.0, 28.0, 28.5, 29.0])
+    for r in x["rows"]:                   # the other 5-allreduce size at the same median: no same-count noise
+        if r["scheme"].startswith("buckets:") and r["calls"] == many["calls"]:
+            r["step_ms"] = many["step_ms"]
     ok = lessons.buckets_check(x)
     assert ok.held and "the shorter in 86% of the pairs" in checks.markdown([ok])
+
+
+def test_the_bucket_and_model_checks_want_the_saving_above_the_same_count_noise():
+    x = _ddp_run()
+    many, few = lessons.bucket_extremes(x)
+    twins = [r for r in x["rows"] if r["scheme"].startswith("buckets:") and r["calls"] == many["calls"]]
+    assert len(twins) == 2                                     # 16 KB and 256 KB buckets both make 5 allreduces
+    model = many["model_comm_ms"] - few["model_comm_ms"]
+    twins[0].update(step_ms=30.0, steps_ms=[29.0, 30.0, 31.0])
+    twins[1].update(step_ms=30.0 + 0.6 * model, steps_ms=[30.0, 30.0 + 0.6 * model, 31.0 + 0.6 * model])
+    few.update(step_ms=30.0 - model, steps_ms=[29.0 - model, 30.0 - model, 30.5 - model])    # the model's saving
+    many = lessons.bucket_extremes(x)[0]
+    assert many is twins[0] and lessons.noise_ms(x) == pytest.approx(0.6 * model)
+    said = _failed(lessons.buckets_check(x))                 # saved 1.0 model, noise 0.6: under twice the noise
+    assert f"the {model:.1f} ms saved is under twice the {0.6 * model:.1f} ms between settings with the same " \
+           "count (this run's noise): this run alone does not separate the counts" in said
+    assert "so it cannot test the model" in _failed(lessons.model_check(x, cores=2))
+    twins[1].update(step_ms=30.0 + 0.4 * model)              # noise 0.4 of the saving: both hold
+    assert lessons.buckets_check(x).held and lessons.model_check(x, cores=2).held
 
 
 def test_the_model_check_fails_when_the_saving_is_far_from_the_models():

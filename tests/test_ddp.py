@@ -21,6 +21,8 @@ def test_buckets_go_backwards_and_close_once_they_reach_the_cap():
     assert dp.assign_buckets([4, 100, 4], 8, None) == [[2, 1], [0]]
     assert dp.assign_buckets([4, 4, 4, 4], 8, 4) == [[3], [2, 1], [0]]       # the first bucket's own cap
     assert dp.assign_buckets([4, 4, 4], 1 << 20) == [[2, 1, 0]]              # one bucket
+    assert dp.assign_buckets([1 << 19] * 3, 1 << 19) == [[2], [1], [0]]      # a cap given caps the first bucket too
+    assert dp.assign_buckets([1 << 19] * 3) == [[2, 1], [0]]                 # DDP's default: first bucket 1 MiB
     assert dp.assign_buckets([0, 4, 0], 4, None) == [[2, 1], [0]]
     assert dp.assign_buckets([], 8) == []
     rng = np.random.default_rng(0)
@@ -37,7 +39,8 @@ def test_buckets_go_backwards_and_close_once_they_reach_the_cap():
 
 def test_buckets_are_ddps_own_assignment():
     """DDP's buckets (after its first step it rebuilds them in the order gradients became ready, backward's: the
-    reversed parameters, with limits [_DEFAULT_FIRST_BUCKET_BYTES, bucket_cap]) equal kit's, on random shapes."""
+    reversed parameters, with limits [first bucket's cap, bucket_cap]) equal kit's, on random shapes; and a real DDP
+    (one rank) rebuilds exactly kit's buckets, under its default cap and under given caps."""
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
     assert dp.FIRST_BUCKET_BYTES == dist._DEFAULT_FIRST_BUCKET_BYTES
@@ -46,10 +49,30 @@ def test_buckets_are_ddps_own_assignment():
         n = int(rng.integers(1, 14))
         params = [torch.empty(int(rng.integers(0, 400_000))) for _ in range(n)]
         cap = int(rng.integers(1, 3 << 20))
-        ddp_buckets, _ = dist._compute_bucket_assignment_by_size(
-            params[::-1], [dist._DEFAULT_FIRST_BUCKET_BYTES, cap], [False] * n)
-        ddp_buckets = [[n - 1 - i for i in b] for b in ddp_buckets]               # back to registration indices
-        assert dp.assign_buckets([p.numel() * 4 for p in params], cap) == ddp_buckets
+        for given, limits in ((cap, [cap, cap]), (None, [dist._DEFAULT_FIRST_BUCKET_BYTES, dp.DEFAULT_BUCKET_BYTES])):
+            ddp_buckets, _ = dist._compute_bucket_assignment_by_size(params[::-1], limits, [False] * n)
+            ddp_buckets = [[n - 1 - i for i in b] for b in ddp_buckets]           # back to registration indices
+            assert dp.assign_buckets([p.numel() * 4 for p in params], given) == ddp_buckets
+
+
+def test_a_real_ddp_rebuilds_the_kits_buckets(tmp_path):
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for cap_mb in (None, 4, 1, 0.25, 1 / 64):
+            model = schemes.make_model(schemes.CFG)
+            ddp = DDP(model, **({} if cap_mb is None else {"bucket_cap_mb": cap_mb}))
+            for _ in range(3):                   # rebuilt at the second forward, logged at the third
+                ddp(torch.randn(4, schemes.CFG["sizes"][0])).sum().backward()
+            rebuilt = ddp._get_ddp_logging_data()["rebuilt_per_bucket_param_indices"]
+            theirs = [[int(i) for i in b.split()] for b in rebuilt.split(",")]
+            sizes = [p.numel() * p.element_size() for p in model.parameters()]
+            mine = dp.assign_buckets(sizes, None if cap_mb is None else int(cap_mb * 2**20))
+            assert theirs == mine, (cap_mb, theirs, mine)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_bytes_per_step_follow_the_ring_model():

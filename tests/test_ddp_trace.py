@@ -53,6 +53,12 @@ def test_the_hidden_share_is_read_from_the_traces_not_from_accumulate_grad():
     x = {"rows": [{"scheme": "naive", "step_ms": 1.0}, {"scheme": "overlap", "step_ms": 1.0}]}
     bad = profile.hidden_check(traces, x)
     assert not bad.held and "0%" in bad.measured and bad.reason
+    # within 20 points, yet far apart in ratio (as 4% against 20%): not agreement
+    flat = {"naive": traces["naive"], "overlap": traces["naive"]}                  # nothing ran beside backward
+    x10 = {"rows": [{"scheme": "naive", "step_ms": 1.0}, {"scheme": "overlap", "step_ms": 0.95}]}   # 10% saved
+    ten = profile.hidden_check(flat, x10)
+    assert ten.measured == "hidden share 0% (traces) vs 10% (step times)" and not ten.held
+    assert ten.bound == "within 20 points and 2× of each other"
 
 
 @pytest.mark.engines

@@ -65,19 +65,24 @@ class Overlap:
 
 # ----------------------------------------------------------------------------- buckets: fewer, larger messages
 FIRST_BUCKET_BYTES = 1 << 20     # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's small first bucket (1 MiB)
+DEFAULT_BUCKET_BYTES = 25 << 20  # DDP's default cap (bucket_cap_mb=None: 25 MiB)
 
 
-def assign_buckets(nbytes: list[int], bucket_bytes: int,
-                   first_bucket_bytes: int | None = FIRST_BUCKET_BYTES) -> list[list[int]]:
-    """Group parameter indices, last registered first (backward's order), into buckets as DDP does: a bucket is
-    closed once it *reaches* its cap (so it may exceed it by its last tensor), and the first bucket's cap is
-    `first_bucket_bytes` (None: bucket_bytes too), so communication starts early. Pure Python: [[i, ...], ...]."""
+def assign_buckets(nbytes: list[int], bucket_bytes: int | None = None,
+                   first_bucket_bytes: int | None = None) -> list[list[int]]:
+    """Group parameter indices, last registered first (backward's order), into buckets as DDP does once it has
+    rebuilt them after its first step: a bucket is closed once it *reaches* its cap (so it may exceed it by its last
+    tensor). The caps are DDP's (torch 2.13, `_BucketCapacityConfig`): `bucket_bytes` None is DDP's default
+    (bucket_cap_mb=None: 25 MiB) with a small first bucket of 1 MiB, so that communication starts early; a cap given
+    (bucket_cap_mb=...) caps the first bucket too. `first_bucket_bytes` overrides the first bucket's cap. Pure
+    Python: [[i, ...], ...]."""
+    cap = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
+    first = first_bucket_bytes or (FIRST_BUCKET_BYTES if bucket_bytes is None else cap)
     buckets, current, size = [], [], 0
     for i in reversed(range(len(nbytes))):
         current.append(i)
         size += nbytes[i]
-        cap = first_bucket_bytes if not buckets and first_bucket_bytes is not None else bucket_bytes
-        if size >= cap:
+        if size >= (cap if buckets else first):
             buckets.append(current)
             current, size = [], 0
     return buckets + ([current] if current else [])
@@ -88,7 +93,7 @@ class Buckets:
     bucket is ready, they are copied into one flat buffer and summed by ONE async allreduce: fewer messages, so less
     of the per-message latency α. Buckets are launched in order (every rank must call its collectives in one order)."""
 
-    def __init__(self, model, bucket_bytes: int = 25 * 2**20, first_bucket_bytes: int | None = FIRST_BUCKET_BYTES):
+    def __init__(self, model, bucket_bytes: int | None = None, first_bucket_bytes: int | None = None):
         import torch.distributed as dist
         self.world = dist.get_world_size()
         self.params = [p for p in model.parameters() if p.requires_grad]

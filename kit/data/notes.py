@@ -214,6 +214,8 @@ def parallel_note(auto: dict, eight: dict, serial: dict) -> str:
               f"samples/s ({gain:+.0%}). "
             + ("Here the explicit larger `num_parallel_calls` went further, as W did for the DataLoader: AUTOTUNE "
                "sizes the parallelism from the cores it sees, and a latency-bound map can use more calls than cores."
+               + ("" if gain > 2 * NOISE else f" One run each, and {gain:+.0%} is close to the {NOISE:.0%} this "
+                  "appendix counts as noise: run the cell again before relying on it.")
                if gain > NOISE else
                f"Within {NOISE:.0%}, one run each: no evidence that a larger explicit `num_parallel_calls` goes "
                "further here; AUTOTUNE had found enough parallel calls for this map." if gain > -NOISE else

@@ -29,8 +29,8 @@ def grade_buckets(answer, bucket_bytes: int = 512 * 1024) -> str:
     sizes = [p.numel() * p.element_size() for p in schemes.make_model(schemes.CFG).parameters()]
     if answer == len(dp.assign_buckets(sizes, bucket_bytes)):
         return "exercise 1: correct"
-    return ("exercise 1: wrong (walk the sizes from the last one; a bucket closes once it reaches its cap, and the "
-            "first one's cap is 1 MiB)")
+    return ("exercise 1: wrong (walk the sizes from the last one; a bucket closes once it reaches its cap, and with a "
+            "cap given, the first bucket has it too)")
 
 
 def grade_zero2(held, sent, N: int = 8, params: int = 100 * 2**20) -> str:

@@ -61,6 +61,16 @@ def bucket_extremes(x: dict) -> tuple[dict, dict]:
             max((r for r in rows if r["calls"] == fewest), key=lambda r: r["step_ms"]))
 
 
+def noise_ms(x: dict) -> float:
+    """The widest gap between the medians of bucket sizes that made the same number of allreduces (the same bytes
+    in as many messages): this run's noise for a saving between counts; 0.0 where every count is made once."""
+    same = {}
+    for r in x["rows"]:
+        if r["scheme"].startswith("buckets:"):
+            same.setdefault(r["calls"], []).append(r["step_ms"])
+    return max((max(g) - min(g) for g in same.values() if len(g) > 1), default=0.0)
+
+
 def twins(x: dict) -> str:
     """Return the sentence on bucket sizes that made the same number of allreduces (the same bytes in as many
     messages, so their difference is the run's noise), or "" where every count is made once."""
@@ -105,21 +115,25 @@ def buckets_check(x: dict) -> Check:
     many, few = bucket_extremes(x)
     spread = lambda r: f"{r['step_ms']:.1f} ms ({r['step_ms_range'][0]:.1f}–{r['step_ms_range'][1]:.1f})"  # noqa: E731
     rows = sorted((r for r in x["rows"] if r["scheme"].startswith("buckets:")), key=lambda r: -r["calls"])
-    win = win_rate(few["steps_ms"], many["steps_ms"])
-    held = few["step_ms"] < many["step_ms"] and win >= WIN
+    win, noise, saved = win_rate(few["steps_ms"], many["steps_ms"]), noise_ms(x), many["step_ms"] - few["step_ms"]
+    held = saved > 0 and win >= WIN and saved >= 2 * noise
     if few["step_ms"] >= many["step_ms"]:
         reason = f"{few['label']} took {few['step_ms']:.1f} ms against {many['label']}'s {many['step_ms']:.1f}"
-    else:
+    elif win < WIN:
         reason = (f"{few['label']}'s step was the shorter in only {win:.0%} of the pairs of timed steps: the "
                   f"{many['step_ms'] - few['step_ms']:.1f} ms between the medians is inside this run's step-to-step "
                   "spread")
+    else:
+        reason = (f"the {saved:.1f} ms saved is under twice the {noise:.1f} ms between settings with the same count "
+                  "(this run's noise): this run alone does not separate the counts")
     detail = ("Median step (fastest–slowest of the timed steps) per bucket size: "
               + "; ".join(f"{r['label']}, {r['calls']} allreduces: {spread(r)}" for r in rows)
               + f". Compute alone: {by_scheme(x)['local']['step_ms']:.1f} ms"
               + (f". {twins(x)[0].upper()}{twins(x)[1:]}" if twins(x) else ""))
     return Check("buckets", measured=f"{many['calls']} → {few['calls']} allreduces per step: {spread(many)} → "
                  f"{spread(few)}; the fewer-messages step the shorter in {win:.0%} of the pairs of timed steps",
-                 bound=f"a shorter median step, and in at least {WIN:.0%} of the pairs", held=held,
+                 bound=f"a shorter median step, in at least {WIN:.0%} of the pairs, and a saving at least twice the "
+                 "gap between settings with the same count", held=held,
                  reason="" if held else reason, detail=detail)
 
 
@@ -129,10 +143,15 @@ def model_check(x: dict, cores: int) -> Check:
     many, few = bucket_extremes(x)
     saved, model_saved = many["step_ms"] - few["step_ms"], many["model_comm_ms"] - few["model_comm_ms"]
     ratio = saved / model_saved if model_saved > 0 else float("nan")
-    held = model_saved > 0 and 1 / MODEL_FACTOR <= ratio <= MODEL_FACTOR
+    noise = noise_ms(x)
+    held = model_saved > 0 and 1 / MODEL_FACTOR <= ratio <= MODEL_FACTOR and saved >= 2 * noise
+    in_band = model_saved > 0 and 1 / MODEL_FACTOR <= ratio <= MODEL_FACTOR
+    reason = (f"the measured saving ({saved:.1f} ms) is under twice this run's noise ({noise:.1f} ms between settings "
+              "with the same count), so it cannot test the model" if in_band else
+              _model_reason(x, saved, model_saved, cores))
     return Check("α–β model", measured=f"measured saving {saved:.1f} ms = {ratio:.2f}× the model's {model_saved:.1f} "
-                 "ms", bound=f"within {MODEL_FACTOR:g}× either way", held=held, reason="" if held else
-                 _model_reason(x, saved, model_saved, cores), detail=_model_detail(x, many, few))
+                 "ms", bound=f"within {MODEL_FACTOR:g}× either way, with a saving above twice the noise", held=held,
+                 reason="" if held else reason, detail=_model_detail(x, many, few))
 
 
 def alpha_words(x: dict) -> str:

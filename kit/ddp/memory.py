@@ -122,8 +122,9 @@ def _scratch_note(x: dict) -> str:
     size = (f"a chunk each ({chunk:,} B), because this model's chunk is smaller than a {piece >> 20} MiB piece"
             if chunk < piece else f"a {piece >> 20} MiB piece each")
     return (f". The temporaries are the ring's two receive buffers, {size}: at most two pieces whatever the "
-            f"model's size, so on a model whose chunks are many pieces ZeRO-1's peak approaches its formula's "
-            f"{formula(1, x['N']):.3f}")
+            f"model's size, so on a model whose chunks are many pieces they shrink against the state and ZeRO-1's "
+            f"peak tends to its formula's {formula(1, x['N']):.3f} (arithmetic from the two fixed pieces, not "
+            "measured here)")
 
 
 def memory_checks(x: dict) -> list[Check]:

@@ -23,7 +23,7 @@ from kit.checks import Check
 BACKWARD_COMPUTE = r"^autograd::engine::evaluate_function: (?!torch::autograd::AccumulateGrad)"
 LANES = {"backward ops": BACKWARD_COMPUTE, "collectives": trace.COLLECTIVE}
 SCHEMES = ("naive", "overlap")
-TOL = 0.20          # the traces' hidden share and the timing's may differ by this much (absolute) and agree
+TOL = 0.20          # the traces' hidden share and the timing's agree within this much (absolute) and within 2×
 
 
 def record(cfg: dict, folder: str, schemes_=SCHEMES, wait: int = 1, warmup: int = 1, active: int = 3) -> dict:
@@ -85,15 +85,15 @@ def hidden_check(traces: dict, x: dict | None = None) -> Check:
     else:
         naive, over, source = step_ms(traces["naive"]), step_ms(traces["overlap"]), "the traced"
     timed = max(0.0, min(1.0, (naive - over) / comm)) if comm > 0 else 0.0
-    held = abs(hid - timed) <= TOL
+    held = abs(hid - timed) <= TOL and max(hid, timed) <= 2 * min(hid, timed)    # 4% vs 20% is 5× apart
     detail = (f"In the traces {hid:.0%} of the overlapped step's collective time ran beside backward's ops (naive: "
               f"{naive_hid:.0%}, as its allreduce blocks backward); {source} step times, naive {naive:.1f} ms and "
-              f"overlapped {over:.1f} ms, save {naive - over:.1f} ms of the {comm:.1f} ms of communication per naive "
-              f"step ({timed:.0%})")
+              f"overlapped {over:.1f} ms, save {naive - over:.1f} ms of the {comm:.1f} ms of communication per traced "
+              f"naive step (profiler on; {timed:.0%})")
     reason = "" if held else (
         f"the traces say {hid:.0%} ran beside backward, the step times {timed:.0%}: running beside backward is not "
         "the same as saving time when the engines share too few cores (backward and Gloo's threads slow each other), "
         "and the step times also vary between runs; the trace shows what ran when, the difference of two step "
         "times only what it saved")
     return Check("overlap in the trace", measured=f"hidden share {hid:.0%} (traces) vs {timed:.0%} (step times)",
-                 bound=f"within {TOL:.0%}", held=held, reason=reason, detail=detail)
+                 bound=f"within {TOL * 100:.0f} points and 2× of each other", held=held, reason=reason, detail=detail)
