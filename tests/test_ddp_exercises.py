@@ -34,10 +34,16 @@ def test_exercise_3_verdicts_from_ranks_results():
 class NoMean(dp.Buckets):
     """Launches each bucket as the kit does, waits for every bucket's sum, but forgets to divide by N."""
     def _ready(self, p):
-        return dp.Buckets._ready(self, p)
+        self.missing[self.bucket_of[id(p)]] -= 1
+        while self.next < len(self.buckets) and self.missing[self.next] == 0:
+            self._launch(self.next)
 
     def _launch(self, b):
-        return dp.Buckets._launch(self, b)
+        import torch
+        import torch.distributed as dist
+        flat = torch.cat([self.params[i].grad.reshape(-1) for i in self.buckets[b]])
+        self.pending.append((b, flat, dist.all_reduce(flat, async_op=True)))
+        self.next += 1
 
     def finish(self):
         for _, _, work in self.pending:
@@ -60,6 +66,20 @@ class Deleted(dp.Buckets):
 class FinishOnly(dp.Buckets):
     """Only finish written: dp.Buckets' own hooks still launch the buckets."""
     def finish(self):
+        for _, _, work in self.pending:
+            work.wait()
+        self._reset()
+
+
+class SuperEach(dp.Buckets):
+    """Each method written as a call of dp.Buckets' own: the exercise not done."""
+    def _ready(self, p):
+        return super()._ready(p)
+
+    def _launch(self, b):
+        return dp.Buckets._launch(self, b)
+
+    def finish(self):
         super().finish()
 
 
@@ -76,7 +96,7 @@ class Skeleton:
 def test_exercise_3_on_engines_right_wrong_and_unanswered(cluster3):
     cluster3.view.push({"RightBuckets": lambda m: dp.Buckets(m, 256, None), "NoMean": NoMean,
                         "PerGradient": PerGradient, "Skeleton": Skeleton, "Deleted": Deleted,
-                        "FinishOnly": FinishOnly}, block=True)
+                        "FinishOnly": FinishOnly, "SuperEach": SuperEach}, block=True)
     cfg = dict(sizes=(16, 24, 5), batch=8)        # 4 tensors: 1,536, 96, 480 and 20 bytes; buckets of 256 B: 2
     said = exercises.grade_hook(cluster3, "RightBuckets", cfg)
     assert said.startswith("exercise 3: correct") and said.endswith("2 async allreduces per step, one per bucket")
@@ -86,4 +106,5 @@ def test_exercise_3_on_engines_right_wrong_and_unanswered(cluster3):
     assert exercises.grade_hook(cluster3, "Deleted", cfg) == ("exercise 3: not answered yet: your class still uses "
                                                               "dp.Buckets' own _ready, _launch, finish; write them")
     assert "still uses dp.Buckets' own _ready, _launch;" in exercises.grade_hook(cluster3, "FinishOnly", cfg)
+    assert "still uses dp.Buckets' own _ready, _launch, finish;" in exercises.grade_hook(cluster3, "SuperEach", cfg)
     assert "no 'Missing' on this engine" in exercises.grade_hook(cluster3, "Missing", cfg)

@@ -55,6 +55,16 @@ def _engine_class(name: str):
     return ns[name]
 
 
+def _borrowed(cls, method: str) -> bool:
+    """Whether `cls` leaves `method` to dp.Buckets: not overridden, or overridden by a method that calls super() or
+    dp.Buckets' own (read from its bytecode's names, so a one-line `return super()._ready(p)` counts too)."""
+    mine = getattr(cls, method, None)
+    if mine is getattr(dp.Buckets, method):
+        return True
+    names = getattr(getattr(mine, "__code__", None), "co_names", ())
+    return "super" in names or ("Buckets" in names and method in names)
+
+
 def train_with(cfg: dict, name: str, steps: int, cls=None) -> dict:
     """On every engine: `steps` steps of SGD with the class `name` (or `cls`) syncing the gradients; return
     {"err": largest |Δw| against one process on the N× batch, "calls": collectives per step, "async": whether every
@@ -64,7 +74,7 @@ def train_with(cfg: dict, name: str, steps: int, cls=None) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         cls = cls or _engine_class(name)
-        kept = [m for m in WRITE if cls is not dp.Buckets and getattr(cls, m, None) is getattr(dp.Buckets, m)]
+        kept = [m for m in WRITE if cls is not dp.Buckets and _borrowed(cls, m)]
         if kept:
             return {"err": None, "calls": 0, "async": False, "buckets": None, "error": None, "kept": kept}
         model = schemes.make_model(cfg)
