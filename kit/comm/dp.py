@@ -70,12 +70,8 @@ DEFAULT_BUCKET_BYTES = 25 << 20  # DDP's default cap (bucket_cap_mb=None: 25 MiB
 
 def assign_buckets(nbytes: list[int], bucket_bytes: int | None = None,
                    first_bucket_bytes: int | None = None) -> list[list[int]]:
-    """Group parameter indices, last registered first (backward's order), into buckets as DDP does once it has
-    rebuilt them after its first step: a bucket is closed once it *reaches* its cap (so it may exceed it by its last
-    tensor). The caps are DDP's (torch 2.13, `_BucketCapacityConfig`): `bucket_bytes` None is DDP's default
-    (bucket_cap_mb=None: 25 MiB) with a small first bucket of 1 MiB, so that communication starts early; a cap given
-    (bucket_cap_mb=...) caps the first bucket too. `first_bucket_bytes` overrides the first bucket's cap. Pure
-    Python: [[i, ...], ...]."""
+    """Group parameter indices, last first, into buckets as DDP rebuilds them: one closes once it *reaches* its cap;
+    None is DDP's default cap (25 MiB, the first bucket 1 MiB); a cap given caps the first too (torch's rule)."""
     cap = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
     first = first_bucket_bytes or (FIRST_BUCKET_BYTES if bucket_bytes is None else cap)
     buckets, current, size = [], [], 0
@@ -95,8 +91,7 @@ class Buckets:
 
     def __init__(self, model, bucket_bytes: int | None = None, first_bucket_bytes: int | None = None):
         import torch.distributed as dist
-        self.world = dist.get_world_size()
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.world, self.params = dist.get_world_size(), [p for p in model.parameters() if p.requires_grad]
         self.buckets = assign_buckets([p.numel() * p.element_size() for p in self.params], bucket_bytes,
                                       first_bucket_bytes)
         self.bucket_of = {id(self.params[i]): b for b, ids in enumerate(self.buckets) for i in ids}

@@ -127,13 +127,14 @@ def buckets_check(x: dict) -> Check:
         reason = (f"the {saved:.1f} ms saved is under twice the {noise:.1f} ms between settings with the same count "
                   "(this run's noise): this run alone does not separate the counts")
     detail = ("Median step (fastest–slowest of the timed steps) per bucket size: "
-              + "; ".join(f"{r['label']}, {r['calls']} allreduces: {spread(r)}" for r in rows)
+              + "; ".join(f"{r['label']}, {r['calls']} allreduce{'s' * (r['calls'] != 1)}: {spread(r)}" for r in rows)
               + f". Compute alone: {by_scheme(x)['local']['step_ms']:.1f} ms"
               + (f". {twins(x)[0].upper()}{twins(x)[1:]}" if twins(x) else ""))
     return Check("buckets", measured=f"{many['calls']} → {few['calls']} allreduces per step: {spread(many)} → "
                  f"{spread(few)}; the fewer-messages step the shorter in {win:.0%} of the pairs of timed steps",
-                 bound=f"a shorter median step, in at least {WIN:.0%} of the pairs, and a saving at least twice the "
-                 "gap between settings with the same count", held=held,
+                 bound=f"a shorter median step, in at least {WIN:.0%} of the pairs" + (
+                     ", and a saving at least twice the gap between settings with the same count" if noise else ""),
+                 held=held,
                  reason="" if held else reason, detail=detail)
 
 
@@ -150,7 +151,8 @@ def model_check(x: dict, cores: int) -> Check:
               "with the same count), so it cannot test the model" if in_band else
               _model_reason(x, saved, model_saved, cores))
     return Check("α–β model", measured=f"measured saving {saved:.1f} ms = {ratio:.2f}× the model's {model_saved:.1f} "
-                 "ms", bound=f"within {MODEL_FACTOR:g}× either way, with a saving above twice the noise", held=held,
+                 "ms", held=held, bound=f"within {MODEL_FACTOR:g}× either way" + (
+                     ", with a saving above twice the noise" if noise else ""),
                  reason="" if held else reason, detail=_model_detail(x, many, few))
 
 
