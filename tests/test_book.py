@@ -142,12 +142,14 @@ JS_PAGE = """const done = arguments[arguments.length - 1];
     ids: all('[id]').map(e => e.id).concat(all('a[name]').map(a => a.name)),
     loaded: performance.getEntriesByType('resource').map(r => r.name),
     // a page the browser got only part of (seen under load: 3 of a notebook's 5 figures; once none of 3 and its
-    // last 6 sections) holds fewer <img> and <section> than the file the server sends: visit() loads it again.
-    // A fetch that fails cannot tell: the page is loaded again too.
+    // last 6 sections; once 1 of a page's 2 figures) holds fewer images and sections in its article than the file
+    // the server sends, parsed the same way (counted in the article only: the theme adds images of its own
+    // elsewhere): visit() loads it again. A fetch that fails cannot tell: the page is loaded again too.
     whole: await (async () => { try {
       const text = await (await fetch(location.href, {cache: 'no-store'})).text();
-      const count = (re, sel) => (text.match(re) || []).length <= document.querySelectorAll(sel).length;
-      return count(/<img /g, 'img') && count(/<section /g, 'section');
+      const sent = new DOMParser().parseFromString(text, 'text/html');
+      const count = sel => sent.querySelectorAll(sel).length <= document.querySelectorAll(sel).length;
+      return count('article.bd-article img') && count('article.bd-article section');
     } catch (e) { return false; } })(),
   };
 })().then(done, e => done({error: String(e)}));"""

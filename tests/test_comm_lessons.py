@@ -182,24 +182,26 @@ def test_notebook_03s_lab_paragraphs_give_the_runs_numbers():
                                                                                               ranges=True)
     small = lessons.ring_latency_note(4096, 30, lab_rows((2.27e-3, 4.2e-3, 7.87e-3), (1, 1, 1)),
                                       lab_rows((8e-4, 2.23e-3, 1.62e-3), (1, 1, 1)), 121e-6, 213e-6, 1135e-6,
-                                      [2, 3, 4], 4, 96.4 * 1024)
+                                      [2, 3, 4], 4, 121e6)
     for s in ("At K = 4 KB latency decides (30 calls per point", "N = 2: ring 2.27 ms, one server 0.80 ms",
               "**The ring was the slower one at N = 2, 3, 4.**",
               "cost 1135, 1050, 1312 µs each at N = 2, 3, 4 (median 1135 µs, 9× the ping-pong's α",
-              "o = 213 µs per further worker", "K* = 96.4 KB for N = 4.",
+              "o = 213 µs per further worker",
+              "K* = " + costmodel.human(costmodel.crossover_bytes(4, 121e-6, 121e6, 213e-6, alpha_ring=1135e-6))
+              + " for N = 4.",
               "more than the link's whole α (121 µs): a serial per-message cost, not the link's latency"):
         assert s in small, s
     assert "Gloo's own ring" not in small                          # not run: not said
     gloo = lessons.ring_latency_note(4096, 30, lab_rows((2.27e-3, 4.2e-3, 7.87e-3), (1, 1, 1)),
                                      lab_rows((8e-4, 2.23e-3, 1.62e-3), (1, 1, 1)), 121e-6, 213e-6, 1135e-6,
-                                     [2, 3, 4], 4, 96.4 * 1024, gloo=lab_rows((7e-4, 2.5e-3, 4.86e-3), (1, 1, 1)))
+                                     [2, 3, 4], 4, 121e6, gloo=lab_rows((7e-4, 2.5e-3, 4.86e-3), (1, 1, 1)))
     assert "C++, no Python per step) at the same points: N = 2: 0.70 ms, N = 3: 2.50 ms, N = 4: 4.86 ms; slower " \
            "than one server at N = 3, 4: the loss is the ring's, not only the kit's Python ring's." in gloo
     tie = lessons.ring_latency_note(4096, 30, lab_rows((2.27e-3, 4.2e-3, 7.87e-3), (1, 1, 1)),
                                     lab_rows((8e-4, 2.23e-3, 1.62e-3), (1, 1, 1)), 121e-6, 213e-6, 1135e-6,
-                                    [2, 3, 4], 4, 96.4 * 1024, gloo=lab_rows((7e-4, 2e-3, 1.5e-3), (1, 1, 1)))
+                                    [2, 3, 4], 4, 121e6, gloo=lab_rows((7e-4, 2e-3, 1.5e-3), (1, 1, 1)))
     assert "slower than one server at none of them: this loss is the kit's Python ring's per-step cost" in tie
-    overlapped = lessons.ring_latency_note(4096, 30, ps, ring, 1e-4, 0, 1e-4, [], 4, 0)
+    overlapped = lessons.ring_latency_note(4096, 30, ps, ring, 1e-4, 0, 1e-4, [], 4, 121e6)
     assert "not the slower one at any N" in overlapped and "serial per-message cost" not in overlapped
     assert "(N−1)·o: at N = 8. What this run measured is that each of the ring's messages in sequence cost 10× " \
            "the ping-pong's α and 20.0× the server's o" in lab_latency.ring_loss([8], 100e-6, 50e-6, 1e-3)   # 6α > 7o

@@ -268,11 +268,13 @@ def ring_lab_note(K: int, ring: dict[int, dict], ps: dict[int, dict], alpha: flo
 
 
 def ring_latency_note(K: int, reps: int, ring: dict[int, dict], ps: dict[int, dict], alpha: float, o: float,
-                      a_ring: float, loses: list[int], n: int, k_star: float,
+                      a_ring: float, loses: list[int], n: int, B: float,
                       gloo: dict[int, dict] | None = None) -> str:
     """Return notebook 03's small-message paragraph: the ring against one server at each N, where the ring was
     slower, its time per message in sequence at each N and their median `a_ring`, Gloo's own C++ ring (`gloo`:
-    torch.distributed's rows, when run) against the same server, the server's o and the model's crossover at N = n."""
+    torch.distributed's rows, when run) against the same server, the server's o and the model's crossover at N = n
+    with the link's B (computed here, so that no visible cell computes exercise 3's answer at another N)."""
+    k_star = crossover_bytes(n, alpha, B, o, alpha_ring=a_ring)
     times = ", ".join(f"N = {m}: ring {ring[m]['seconds'] * 1e3:.2f} ms, one server {ps[m]['seconds'] * 1e3:.2f} ms"
                       for m in sorted(ring))
     per_msg = ", ".join(f"{ring[m]['seconds'] / (2 * (m - 1)) * 1e6:.0f}" for m in sorted(ring) if m > 1)
