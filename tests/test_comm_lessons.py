@@ -213,11 +213,13 @@ def test_notebook_03s_closing_paragraph_gives_the_models_numbers():
     a, B, K = 74e-6, 2.9e9, 16 << 20
     text = lessons.at_scale_note(3, 47.0, 32.2, a, B, K)
     assert "Charged the lab's o" not in text
-    assert "(section 6: the server o = 389 µs per further worker, the ring 74 µs per message in sequence), at N = " \
-           "1024 the ring never loses." in lessons.at_scale_note(3, 47.0, 32.2, a, B, K, o=389e-6)   # α for the ring
-    k_lab = costmodel.human(costmodel.crossover_bytes(1024, a, B, 389e-6, alpha_ring=1473e-6))
-    assert f"the ring 1473 µs per message in sequence), at N = 1024 the ring loses below {k_lab}." in \
-        lessons.at_scale_note(3, 47.0, 32.2, a, B, K, o=389e-6, a_ring=1473e-6)
+    assert "(section 6: the server o = 389 µs per further worker, the ring 74 µs per message in sequence; the lab's " \
+           "α = 74 µs and B = 2900 MB/s), at N = 1024 the ring never loses." in \
+        lessons.at_scale_note(3, 47.0, 32.2, a, B, K, o=389e-6)                        # α and B of this box
+    k_lab = costmodel.human(costmodel.crossover_bytes(1024, 150e-6, 121e6, 389e-6, alpha_ring=1473e-6))
+    assert (f"the ring 1473 µs per message in sequence; the lab's α = 150 µs and B = 121 MB/s), at N = 1024 the ring "
+            f"loses below {k_lab}.") in lessons.at_scale_note(3, 47.0, 32.2, a, B, K, o=389e-6, a_ring=1473e-6,
+                                                              lab_alpha=150e-6, lab_B=121e6)
     for s in ("16 MB on 3 engines: the plain ring 47.0 ms, the kit's ring 32.2 ms", "α = 74 µs and B = 2.90 GB/s",
               f"ring {costmodel.t_comm_ring(1024, K, a, B):.2f} s "
               f"({costmodel.latency_share('ring', 1024, K, a, B):.0%} of it its 2(N−1) latencies) against "

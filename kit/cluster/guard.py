@@ -215,7 +215,7 @@ class Refusing:
             silent = [t for t, m in zip(targets, async_result.msg_ids) if m in self._client.outstanding]
             io = getattr(self._client, "_io_thread", None)
             raise NoAnswerError(
-                f"{what}: engine(s) {silent or targets} did not answer in {seconds:.0f} s although alive (the "
+                f"{what}: engine(s) {silent or targets} did not answer in {seconds:.0f} s, none seen to die (the "
                 f"request was {'sent' if async_result.sent else 'never sent'}; the client's I/O thread is "
                 f"{'alive' if io is not None and io.is_alive() else 'gone'}). Run cluster.restart() for a fresh "
                 "job, or stop it and start again.") from None

@@ -73,7 +73,7 @@ def assign_buckets(nbytes: list[int], bucket_bytes: int | None = None,
     """Group parameter indices, last first, into buckets as DDP rebuilds them: one closes once it *reaches* its cap;
     None is DDP's default cap (25 MiB, the first bucket 1 MiB); a cap given caps the first too (torch's rule)."""
     cap = DEFAULT_BUCKET_BYTES if bucket_bytes is None else bucket_bytes
-    first = first_bucket_bytes or (FIRST_BUCKET_BYTES if bucket_bytes is None else cap)
+    first = (FIRST_BUCKET_BYTES if bucket_bytes is None else cap) if first_bucket_bytes is None else first_bucket_bytes
     buckets, current, size = [], [], 0
     for i in reversed(range(len(nbytes))):
         current.append(i)

@@ -280,7 +280,7 @@ def ring_latency_note(K: int, reps: int, ring: dict[int, dict], ps: dict[int, di
     per_msg = ", ".join(f"{ring[m]['seconds'] / (2 * (m - 1)) * 1e6:.0f}" for m in sorted(ring) if m > 1)
     lost = ring_loss(loses, alpha, o, a_ring, said=True) + " "
     c_ring = ""
-    if gloo:
+    if gloo and loses:
         slower = [m for m in sorted(gloo) if m in ps and gloo[m]["seconds"] > ps[m]["seconds"]]
         at = ", ".join(f"N = {m}: {gloo[m]['seconds'] * 1e3:.2f} ms" for m in sorted(gloo))
         c_ring = (f"Gloo's own ring (`torch.distributed`, C++, no Python per step) at the same points: {at}; " + (
@@ -304,16 +304,21 @@ def ring_latency_note(K: int, reps: int, ring: dict[int, dict], ps: dict[int, di
 
 
 def at_scale_note(engines: int, plain_ms: float, kit_ms: float, alpha: float, B: float, K: float, n: int = 1024,
-                  small: int = 4096, o: float = 0.0, a_ring: float | None = None) -> str:
+                  small: int = 4096, o: float = 0.0, a_ring: float | None = None, lab_alpha: float | None = None,
+                  lab_B: float | None = None) -> str:
     """Return notebook 03's closing paragraph: the live rings' 16 MB times, then the model at N = n with this box's
     α and B: the ring against one server at K and at `small` bytes (o = 0), and the crossover below which it loses;
     with the lab's costs (`o` > 0 for the server and `a_ring` per ring message, both as the lab paid them, as
-    notebook 02 charges them), the same crossover on that footing."""
-    a_r = alpha if a_ring is None else a_ring
-    with_o = crossover_bytes(n, alpha, B, o, alpha_ring=a_r)
+    notebook 02 charges them), the same crossover on that footing, with the lab's α and B (`lab_alpha`, `lab_B`;
+    else this box's)."""
+    a_lab, b_lab = alpha if lab_alpha is None else lab_alpha, B if lab_B is None else lab_B
+    a_r = a_lab if a_ring is None else a_ring
+    with_o = crossover_bytes(n, a_lab, b_lab, o, alpha_ring=a_r)
     lab_o = "" if o <= 0 else (
         f" Charged both sides what the lab paid per message (section 6: the server o = {o * 1e6:.0f} µs per further "
-        f"worker, the ring {a_r * 1e6:.0f} µs per message in sequence), at N = {n} the ring "
+        f"worker, the ring {a_r * 1e6:.0f} µs per message in sequence; the lab's α = {a_lab * 1e6:.0f} µs and B = "
+        f"{b_lab / 1e6:.0f} MB/s), at "
+        f"N = {n} the ring "
         + (f"loses below {human(with_o)}." if with_o > 0 else "never loses.") + " Those are what this box's shared "
         "cores made of each message, not a cluster's.")
     return (f"16 MB on {engines} engines: the plain ring {plain_ms:.1f} ms, the kit's ring {kit_ms:.1f} ms. At scale "

@@ -57,12 +57,13 @@ def _engine_class(name: str):
 
 def _borrowed(cls, method: str) -> bool:
     """Whether `cls` leaves `method` to dp.Buckets: not overridden, or overridden by a method that calls super() or
-    dp.Buckets' own (read from its bytecode's names, so a one-line `return super()._ready(p)` counts too)."""
+    dp.Buckets' own of that name (read from its bytecode's names: `return super()._ready(p)` is borrowed,
+    `super()._reset()` inside a written finish() is not)."""
     mine = getattr(cls, method, None)
     if mine is getattr(dp.Buckets, method):
         return True
     names = getattr(getattr(mine, "__code__", None), "co_names", ())
-    return "super" in names or ("Buckets" in names and method in names)
+    return method in names and ("super" in names or "Buckets" in names)    # super()._reset() is the learner's own
 
 
 def train_with(cfg: dict, name: str, steps: int, cls=None) -> dict:
