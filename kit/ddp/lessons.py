@@ -61,23 +61,26 @@ def bucket_extremes(x: dict) -> tuple[dict, dict]:
             max((r for r in rows if r["calls"] == fewest), key=lambda r: r["step_ms"]))
 
 
-def noise_ms(x: dict) -> float:
-    """The widest gap between the medians of bucket sizes that made the same number of allreduces (the same bytes
-    in as many messages): this run's noise for a saving between counts; 0.0 where every count is made once."""
+def _by_count(x: dict) -> dict[int, list[dict]]:
+    """The bucket rows grouped by how many allreduces a step made: {calls: [row, ...]}."""
     same = {}
     for r in x["rows"]:
         if r["scheme"].startswith("buckets:"):
-            same.setdefault(r["calls"], []).append(r["step_ms"])
-    return max((max(g) - min(g) for g in same.values() if len(g) > 1), default=0.0)
+            same.setdefault(r["calls"], []).append(r)
+    return same
+
+
+def noise_ms(x: dict) -> float:
+    """The widest gap between the medians of bucket sizes that made the same number of allreduces (the same bytes
+    in as many messages): this run's noise for a saving between counts; 0.0 where every count is made once."""
+    gaps = [max(r["step_ms"] for r in g) - min(r["step_ms"] for r in g) for g in _by_count(x).values() if len(g) > 1]
+    return max(gaps, default=0.0)
 
 
 def twins(x: dict) -> str:
     """Return the sentence on bucket sizes that made the same number of allreduces (the same bytes in as many
     messages, so their difference is the run's noise), or "" where every count is made once."""
-    rows = [r for r in x["rows"] if r["scheme"].startswith("buckets:")]
-    same = {}
-    for r in rows:
-        same.setdefault(r["calls"], []).append(r)
+    same = _by_count(x)
     ends = {max(same), min(same)}
     parts = [f"{' and '.join(r['label'] for r in g)} {'both' if len(g) == 2 else 'all'} made {c} allreduces, yet "
              f"their medians were {max(r['step_ms'] for r in g) - min(r['step_ms'] for r in g):.1f} ms apart"
@@ -144,9 +147,8 @@ def model_check(x: dict, cores: int) -> Check:
     many, few = bucket_extremes(x)
     saved, model_saved = many["step_ms"] - few["step_ms"], many["model_comm_ms"] - few["model_comm_ms"]
     ratio = saved / model_saved if model_saved > 0 else float("nan")
-    noise = noise_ms(x)
-    held = model_saved > 0 and 1 / MODEL_FACTOR <= ratio <= MODEL_FACTOR and saved >= 2 * noise
-    in_band = model_saved > 0 and 1 / MODEL_FACTOR <= ratio <= MODEL_FACTOR
+    noise, in_band = noise_ms(x), model_saved > 0 and 1 / MODEL_FACTOR <= ratio <= MODEL_FACTOR
+    held = in_band and saved >= 2 * noise
     reason = (f"the measured saving ({saved:.1f} ms) is under twice this run's noise ({noise:.1f} ms between settings "
               "with the same count), so it cannot test the model" if in_band else
               _model_reason(x, saved, model_saved, cores))
