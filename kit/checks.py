@@ -1,30 +1,38 @@
-"""A lesson checked on a run, as a value; one renderer for the notebooks' Markdown and the benchmarks' summary lines.
+"""A lesson checked on a run, as data; one table renders a list of them.
 
-    c = Check("fp16", measured="0.502× DDP's bytes on each NIC", bound="0.500 ± 0.015", held=abs(r - 0.5) <= 0.015,
-              reason="each NIC sent 0.55× DDP's bytes", detail="each NIC sent 1,234 bytes per step with the hook, ...")
-    display(Markdown(markdown([c, ...])))      # - **fp16** held: 0.502× DDP's bytes on each NIC (bound: ...). ...
-    summary_line([c, ...])                     # "checks: fp16 held; bytes did not hold because ..."
+    c = Check("fp16 halves the bytes", measured=0.502, bound="0.500 ± 0.015", held=abs(r - 0.5) <= 0.015,
+              unit="× DDP's bytes")
+    kit.checks.show([c, ...])      # in a notebook: one table, a row per check (check · measured · predicted · held)
+    table([c, ...])                # the same table as Markdown text
+    summary_line([c, ...])         # a benchmark's last line: "checks: 3/4 held; missed: bytes"
 
-A check that did not hold says so and why: "**did not hold** on this run: MEASURED (bound: BOUND), because REASON".
+The lesson's claim, why it should hold and the known reasons a run can miss are static Markdown in the notebook
+beside the table; a check carries numbers, not sentences. `reason` and `detail` remain for older callers and
+results files; the table does not show them.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
 class Check:
     """One lesson on one run: what was measured, the bound or rule it must meet, whether it held, and why not."""
-    name: str
-    measured: str           # the measured value, as a phrase with its number(s)
-    bound: str              # the bound or the rule, as a phrase
+    name: str               # what was checked, a short label
+    measured: object        # the measured value: a number (formatted with `unit`) or a short value
+    bound: object           # what the model or bound predicts: a number, or a range such as "≤ 1.05"
     held: bool
-    reason: str = ""        # when it did not hold: why, from the run's numbers (one line)
-    detail: str = ""        # the sentence the notebook shows after the verdict (the run's numbers)
+    reason: str = ""        # older callers: why it did not hold (not rendered by `table`)
+    detail: str = ""        # older callers: the run's numbers as a phrase (not rendered by `table`)
+    unit: str = ""          # the unit of `measured` (and of `bound` when it is a number)
 
     def __post_init__(self):
-        if not self.held and not self.reason:
-            raise ValueError(f"check {self.name!r} did not hold: give its reason")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a check needs a name (a non-empty str), got {self.name!r}")
+        if type(self.held).__name__ not in ("bool", "bool_"):       # numpy's comparisons give numpy.bool_
+            raise TypeError(f"check {self.name!r}: held must be a bool, got {type(self.held).__name__}")
+        object.__setattr__(self, "held", bool(self.held))
 
     def as_dict(self) -> dict:
         """Return the check as results/*.json stores it."""
@@ -34,6 +42,43 @@ class Check:
 def from_dict(d: dict) -> Check:
     """Return the Check that as_dict() stored."""
     return Check(**d)
+
+
+def fmt(x: object, unit: str = "") -> str:
+    """Return a measured or predicted value as the table shows it: 3 significant figures, thousands separated."""
+    if isinstance(x, bool) or x is None:
+        text = str(x)
+    elif isinstance(x, int):
+        text = f"{x:,}"
+    elif isinstance(x, float):
+        if x != x:
+            text = "nan"
+        elif x == 0:
+            text = "0"
+        elif 1e-3 <= abs(x) < 1e6:
+            text = f"{x:,.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+        else:
+            text = f"{x:.3g}"
+    else:
+        text = str(x)
+    return f"{text}{unit}" if unit and not isinstance(x, str) else text
+
+
+def table(checks: list[Check]) -> str:
+    """Return the checks as one Markdown table: check · measured · predicted or bound · held."""
+    if not checks:
+        raise ValueError("table() needs at least one Check")
+    rows = ["| check | measured | predicted or bound | held |", "|---|---|---|---|"]
+    for c in checks:
+        held = "yes" if c.held else "**no**"
+        rows.append(f"| {c.name} | {fmt(c.measured, c.unit)} | {fmt(c.bound, c.unit)} | {held} |")
+    return "\n".join(rows)
+
+
+def show(checks: list[Check]) -> None:
+    """Display the checks' table in a notebook (the one renderer of a run's evidence)."""
+    from IPython.display import Markdown, display
+    display(Markdown(table(checks)))
 
 
 def verdict(c: Check) -> str:
@@ -53,7 +98,8 @@ def markdown(checks: list[Check], details: bool = True) -> str:
 
 
 def summary_line(checks: list[Check]) -> str:
-    """Return the benchmark's summary words: the checks that held by name, each failing one with its reason."""
+    """Return the benchmark's summary words: the checks that held by name, each failing one (with its reason, if
+    an older caller gave one)."""
     held = [c.name for c in checks if c.held]
-    failed = [f"{c.name} did not hold because {c.reason}" for c in checks if not c.held]
+    failed = [f"{c.name} did not hold" + (f" because {c.reason}" if c.reason else "") for c in checks if not c.held]
     return "; ".join(([f"held: {', '.join(held)}"] if held else []) + failed)

@@ -61,9 +61,23 @@ def test_a_check_renders_held_or_did_not_hold_because():
     assert checks.from_dict(bad.as_dict()) == bad
 
 
-def test_a_failed_check_without_a_reason_is_refused():
-    with pytest.raises(ValueError, match="check 'x' did not hold: give its reason"):
-        Check("x", measured="1", bound="2", held=False)
+def test_the_table_has_one_row_per_check_and_says_no_where_one_did_not_hold():
+    ok = Check("fp16 halves the bytes", measured=0.50234, bound="0.500 ± 0.015", held=True, unit="×")
+    bad = Check("peak", measured=12345.6, bound=1.0e7, held=False, unit=" B")
+    assert checks.table([ok, bad]).splitlines() == [
+        "| check | measured | predicted or bound | held |", "|---|---|---|---|",
+        "| fp16 halves the bytes | 0.502× | 0.500 ± 0.015 | yes |",
+        "| peak | 12,346 B | 1e+07 B | **no** |"]
+    assert checks.summary_line([ok, bad]) == "held: fp16 halves the bytes; peak did not hold"
+
+
+def test_a_check_is_refused_without_a_name_or_with_a_held_that_is_not_a_bool():
+    with pytest.raises(ValueError, match="a check needs a name"):
+        Check("", measured=1, bound=2, held=True)
+    with pytest.raises(TypeError, match="held must be a bool, got str"):
+        Check("x", measured=1, bound=2, held="yes")
+    with pytest.raises(ValueError, match="needs at least one Check"):
+        checks.table([])
 
 
 # ----------------------------------------------------------------------------------- section 2 (kit.ddp.lessons)
