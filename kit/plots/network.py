@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from kit.comm import lab_latency
 from kit.comm.costmodel import human, ring_bytes, t_comm_ps, t_comm_ring
 from kit.plots.style import LABELS
 
@@ -214,21 +213,24 @@ def _link_rows(x: dict) -> list[str]:
             "| α ping-pong (µs) | α bare socket (µs) | B ping-pong (MB/s) | stream h1→h2 (MB/s) |", "|---|---|---|---|",
             f"| {us(v['alpha'])} ({rng('alpha')}) | "
             + (f"{us(v['socket_alpha'])} ({rng('socket_alpha')})" if socket else "not measured")
-            + f" | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |"] + (
-        ["", "α bare socket: a 4-byte echo between two plain processes on h1 and h2 (`kit.netlab.rate.echo`), the "
-             "link's own latency." + lab_latency.alpha_reading(v["alpha"], v)] if socket else [])
+            + f" | {v['B'] / 1e6:.1f} | {v['stream']['h1->h2'] / 1e6:.1f} |"]
 
 
 def small_k(x: dict, reps: int) -> list[str]:
-    """Return the lines on the run's smallest messages (timed `reps` times: kit.netlab.exchange.SMALL_REPS), notebook
-    02's latency table (kit.comm.lessons) at every N, and where the ring was slower than one server, read against
-    the model."""
-    from kit.comm import lessons
+    """Return the table of the run's smallest messages (timed `reps` times: kit.netlab.exchange.SMALL_REPS): ms per
+    step of each implementation run, the ring's time per message in sequence (step / 2(N−1)), and whether the
+    model with the ping-pong's α for every message puts the ring behind one server there ((N−2)·α > (N−1)·o)."""
     K, lat = min(x["sizes"]), x.get("latency") or {}
-    at = {impl: {r["N"]: r for r in rows(x, impl, K)} for impl in ("ps", "byteps", "ring")}
-    if K == max(x["sizes"]) or not all(at.values()) or lat.get("o") is None:
+    at = {impl: {r["N"]: r for r in rows(x, impl, K)} for impl in SHORT}
+    at = {impl: v for impl, v in at.items() if v}
+    if K == max(x["sizes"]) or not {"ps", "ring"} <= set(at) or lat.get("o") is None:
         return []
-    loses = [n for n in sorted(at["ring"]) if at["ring"][n]["seconds"] > at["ps"][n]["seconds"]]
-    a_ring = float(np.median(list(lat["ring_alpha"].values())))
-    return ["", lessons.latency_table(K, reps, at["ps"], at["byteps"], at["ring"], lat["ring_alpha"]),
-            "", lab_latency.ring_loss(loses, alpha_beta(x)[0], max(lat["o"], 0.0), a_ring)]
+    a, o = alpha_beta(x)[0], max(lat["o"], 0.0)
+    out = ["", f"At K = {human(K)}, median of {reps} calls; α = {a * 1e6:.0f} µs, o = {o * 1e6:.0f} µs:", "",
+           "| N | " + " | ".join(f"{SHORT[i]} (ms)" for i in at) + " | ring / 2(N−1) (µs) | (N−2)·α > (N−1)·o |",
+           "|---" * (len(at) + 3) + "|"]
+    for n in sorted(at["ring"]):
+        ms = " | ".join(f"{at[i][n]['seconds'] * 1e3:.2f}" if n in at[i] else "–" for i in at)
+        per = f"{at['ring'][n]['seconds'] / (2 * (n - 1)) * 1e6:.0f}" if n > 1 else "–"
+        out.append(f"| {n} | {ms} | {per} | {(n - 2) * a > (n - 1) * o} |")
+    return out
