@@ -257,7 +257,7 @@ def test_profile_of_a_recorded_io_bound_run():
     assert prof.t_load == pytest.approx(0.03) and prof.t_load_cpu == 0.0 and prof.t_compute == pytest.approx(0.01)
     assert prof.recommended_workers == 3                      # 3 sleeping reads overlap one 10 ms step
     assert prof.speedup == pytest.approx(4)                   # 40 ms per step -> 10 ms
-    assert not prof.cpu_bound and "recommended: num_workers=3" in str(prof)
+    assert not prof.cpu_bound and "recommended num_workers  3" in str(prof)
 
 
 def test_profile_of_a_recorded_cpu_bound_run_says_more_workers_cannot_help():
@@ -266,7 +266,7 @@ def test_profile_of_a_recorded_cpu_bound_run_says_more_workers_cannot_help():
         mon.record(wait_s=0.09, compute_s=0.03, wait_cpu=0.09, compute_cpu=0.03)
     prof = profiler.profile(mon, workers=0, cores=2)
     assert prof.recommended_workers == 2 and prof.step_predicted == pytest.approx(0.06)   # (90 + 30) ms / 2 cores
-    assert prof.cpu_bound and "CPU-bound" in str(prof)
+    assert prof.cpu_bound and "CPU-bound                True" in str(prof)
 
 
 @pytest.mark.engines        # loader workers or a busy subprocess: processes
@@ -368,35 +368,25 @@ class _Load:
         self.others, self.cores = others, cores
 
 
-def test_the_lesson_holds_by_throughput_and_says_so_from_the_numbers():
+def test_the_lesson_holds_by_throughput_and_reports_the_machine():
     from kit.data import lesson
     res = _swept({0: [(0.06, 0.03)] * 3, 2: [(0.002, 0.032)] * 3})     # 90 ms -> 34 ms per step
-    held, text = lesson.verdict(res, 0.030, _Load(0.02))
-    assert held and "num_workers=2 raised throughput 2.6x (per round 2.6x-2.6x over 3 rounds)" in text
-    assert "The step alone took 30.0 ms (calibration)" in text and "up to 32.0 ms beside the workers" in text
-    assert "other processes kept 2% of the 2 cores busy" in text and "The machine was busy" not in text
-    held, text = lesson.verdict(res, 0.020, _Load(0.6))                 # slowed 1.6x, others busy: it held anyway
-    assert held and "(num_workers=2, 1.6x its time alone)" in text and "still paid off" in text
+    gain, slowed, others = lesson.sweep_checks(res, 0.030, _Load(0.02))
+    assert gain.held and gain.measured == pytest.approx(2.65, abs=0.01) and gain.bound == f"≥ {lesson.SPEEDUP}"
+    assert slowed.held and slowed.measured == pytest.approx(32.0 / 30.0, abs=0.01) and others.held
+    assert len(lesson.sweep_checks(res, 0.030)) == 2                     # no MachineLoad given: no row for it
 
 
-def test_a_busy_machine_that_breaks_the_lesson_is_said_plainly_with_its_reason():
+def test_a_busy_machine_that_breaks_the_lesson_fails_each_of_its_rows():
     """The forced failing case of notebook 01: another process holds the cores, the step computes 2.4x its
-    calibrated time beside the workers, and the workers lose throughput: the prose says so and why."""
+    calibrated time beside the workers, and the workers lose throughput: every row says no."""
     from kit.data import lesson
     res = _swept({0: [(0.03, 0.035)] * 3, 1: [(0.02, 0.06), (0.02, 0.065), (0.02, 0.07)], 2: [(0.01, 0.072)] * 3})
-    held, text = lesson.verdict(res, 0.030, _Load(0.55))
-    assert not held and text.startswith("**This run does not show the lesson**: the most samples/s were at "
-                                        "num_workers=0, 1.00x of loading in the loop")
-    assert "up to 72.0 ms beside the workers (num_workers=2, 2.4x its time alone)" in text
-    assert "other processes kept 55% of the 2 cores busy" in text
-    assert "the workers took cores the step needed. Re-run on a quiet machine, or with fewer workers." in text
-    held, text = lesson.verdict(res, 0.070, _Load(0.55))                 # not slowed, but others were busy
-    assert not held and "the cores were shared with other work" in text
-    held, text = lesson.verdict(res, 0.070, _Load(0.0))                  # quiet and not slowed: loading was cheap
-    assert not held and "loading was not what held the step back here" in text and "larger `IO_MS`" in text
-    held, text = lesson.verdict(_swept({0: [(0.05, 0.03)], 2: [(0.04, 0.031)]}), 0.03)   # under 1.2x: not enough
-    assert not held and "num_workers=2, 1.13x of loading in the loop. The step" in text
-    assert "other processes" not in text                                    # no MachineLoad given: nothing said
+    gain, slowed, others = lesson.sweep_checks(res, 0.030, _Load(0.55))
+    assert not gain.held and not slowed.held and not others.held
+    assert gain.name == "samples/s, W=0 over W=0" and slowed.measured == pytest.approx(2.4)
+    gain = lesson.sweep_checks(_swept({0: [(0.05, 0.03)], 2: [(0.04, 0.031)]}), 0.03)[0]   # 1.13x: under 1.2x
+    assert not gain.held and gain.measured == pytest.approx(1.13, abs=0.01)
 
 
 def test_the_calibration_is_the_fastest_step_on_a_batch_in_memory(store, monkeypatch):

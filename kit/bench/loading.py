@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kit import checks
 from kit.data import lesson, pipeline
 from kit.plots import figure, plot_sweep, plot_traces
 
@@ -20,7 +21,7 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     with lesson.MachineLoad() as load:
         res = pipeline.sweep_experiment(dataset, step, workers, steps, pipeline.DEFAULT["batch_size"], rounds,
                                         fit_workers=(0, 2))
-    held, said = lesson.verdict(res, alone, load)
+    lessons = lesson.sweep_checks(res, alone, load) + lesson.model_checks(res["rows"], res["fit"], res["fit_workers"])
     rows, best = res["rows"], res["best"]
     fig, axes = figure(3, figsize=(12.6, 3.2))
     plot_sweep(rows, ax=axes[0], title="default demo")
@@ -28,24 +29,18 @@ def bench(out_dir: Path, quick: bool) -> tuple[dict, str]:
     fig.savefig(out_dir / "loading.png", dpi=110)
     traced = lesson.trace_runs(dataset, step, sorted({0, best["workers"]}), pipeline.DEFAULT["batch_size"], out_dir,
                                active=3 if quick else 5, sync=pipeline.sync_fn())
-    trace_held, trace_said = lesson.trace_check(traced, rows)
+    traces = lesson.trace_checks(traced, rows)
     fig, axes = figure(1, len(traced), figsize=(10, 2.2 * len(traced)), sharex=True)
     plot_traces({w: run["trace"] for w, run in traced.items()}, ax=axes[:, 0],
                 titles={w: f"num_workers={w} (torch.profiler trace)" for w in traced})
     fig.savefig(out_dir / "loading_timeline.png", dpi=110)
-    summary = (f"loading: busy {100 * res['at_0']['busy']:.0f}% at num_workers=0, most samples/s at "
-               f"num_workers={best['workers']} ({res['speedup']:.1f}x, busy {100 * best['busy']:.0f}%); "
-               f"model max(t_load/W_eff, t_compute) "
-               f"fitted to W=0 and 2, within {100 * res['held_out_error']:.0f}% of measured step time on the other "
-               f"W ({', '.join(str(w) for w in workers if w not in res['fit_workers'])}); lesson "
-               f"{'held' if held else 'NOT shown'} (step alone {1e3 * alone:.1f} ms; other processes "
-               f"{100 * load.others:.0f}% of {load.cores} cores); traces' data-wait share against the sweep's "
-               f"{'held' if trace_held else 'did NOT hold'}")
+    summary = (f"loading: busy {res['at_0']['busy']:.0%} at W=0, {best['busy']:.0%} at W={best['workers']} "
+               f"({res['speedup']:.1f}x samples/s); checks: {checks.summary_line(lessons + traces)}")
     result = {"settings": {**pipeline.DEFAULT, "steps": steps, "rounds": rounds, "torch_threads": 1}, "fit": res["fit"],
               "fit_workers": list(res["fit_workers"]), "sweep": rows, "busy_at_0": res["at_0"]["busy"],
               "best_busy": best["busy"], "best_workers": best["workers"], "held_out_error": res["held_out_error"],
-              "lesson": {"held": held, "text": said, "alone_ms": 1e3 * alone, "others": load.others,
-                         "cores": load.cores},
-              "traces": {"files": [run["path"].name for run in traced.values()], "held": trace_held,
-                         "text": trace_said, "active_steps": 3 if quick else 5}}
+              "lesson": {"held": all(c.held for c in lessons), "alone_ms": 1e3 * alone, "others": load.others,
+                         "cores": load.cores, "checks": [c.as_dict() for c in lessons]},
+              "traces": {"files": [run["path"].name for run in traced.values()], "held": all(c.held for c in traces),
+                         "checks": [c.as_dict() for c in traces], "active_steps": 3 if quick else 5}}
     return result, summary

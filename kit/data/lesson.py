@@ -1,9 +1,9 @@
-"""Notebook 01's lesson checked on its own run: did loading in parallel raise throughput, and if not, why not?
+"""Notebook 01's and appendix 01a's lessons checked on their run, as kit.checks values (numbers, no sentences).
 
     alone = calibrate(step, dataset, batch)         # the step on a batch already in memory: what it takes here
     with MachineLoad() as load:                     # the CPU that OTHER processes used meanwhile
         res = sweep_experiment(dataset, step, ...)
-    held, text = verdict(res, alone, load)          # judged by throughput; the machine's state said either way
+    kit.checks.show(sweep_checks(res, alone, load) + model_checks(res["rows"], res["fit"], res["fit_workers"]))
 
 The calibration is what the workload should take on this machine: the fastest of a few steps with nothing to
 load. Beside it, the step's own compute during the sweep (with W = 0 and beside the workers) shows whether the
@@ -16,6 +16,8 @@ import os
 import time
 
 import psutil
+
+from kit.checks import Check
 
 SPEEDUP = 1.2       # the lesson holds when the best W gives at least this many times W = 0's samples/s
 SLOWED = 1.5        # the step "was slowed" when it computed this many times its calibrated time
@@ -122,36 +124,80 @@ def _ours() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def verdict(res: dict, alone: float, load: MachineLoad | None = None) -> tuple[bool, str]:
-    """Judge the lesson on `res` (kit.data.sweep_experiment's result) by throughput; say how the step fared
-    against its calibrated time `alone` (s) and what `load` saw. Return (held, markdown)."""
-    rows, best, zero = res["rows"], res["best"], res["at_0"]
-    w = best["workers"]
-    held = w != 0 and res["speedup"] >= SPEEDUP
-    ups = [b / z for (b, _), (z, _) in zip(best["rounds"], zero["rounds"])]
-    per_round = f" (per round {min(ups):.1f}x-{max(ups):.1f}x over {len(ups)} rounds)" if len(ups) > 1 else ""
-    beside = max((r for r in rows if r["workers"]), key=lambda r: r["compute_ms"])
-    slowed = beside["compute_ms"] / (1e3 * alone)
-    machine = (f"The step alone took {1e3 * alone:.1f} ms (calibration); it computed {zero['compute_ms']:.1f} ms "
-               f"per step with loading in the loop and up to {beside['compute_ms']:.1f} ms beside the workers "
-               f"(num_workers={beside['workers']}, {slowed:.1f}x its time alone)")
-    busy_others = load is not None and load.others >= OTHERS
+def sweep_checks(res: dict, alone: float, load: MachineLoad | None = None) -> list[Check]:
+    """Return notebook 01's checks on `res` (kit.data.sweep_experiment's result): the best W's samples/s over
+    W = 0's (at least SPEEDUP), and the machine it ran on: the step beside the workers against its calibrated
+    time `alone` (s), and the cores other processes kept busy (`load`)."""
+    best = res["best"]
+    beside = max(r["compute_ms"] for r in res["rows"] if r["workers"])
+    checks = [Check(f"samples/s, W={best['workers']} over W=0", round(res["speedup"], 2), f"≥ {SPEEDUP}",
+                    best["workers"] != 0 and res["speedup"] >= SPEEDUP, unit="×"),
+              Check("step beside workers over step alone", round(beside / (1e3 * alone), 2), f"< {SLOWED}",
+                    beside / (1e3 * alone) < SLOWED, unit="×")]
     if load is not None:
-        machine += (f"; other processes kept {load.others:.0%} of the {load.cores} cores busy during the sweep")
-    if held:
-        text = (f"Loading in the training loop kept the step busy {zero['busy']:.0%} of the time; num_workers={w} "
-                f"raised throughput {res['speedup']:.1f}x{per_round}, busy {best['busy']:.0%}: the workers fed "
-                f"it. {machine}.")
-        if slowed >= SLOWED or busy_others:
-            text += " The machine was busy, and the workers still paid off."
-        return True, text
-    why = ("the workers took cores the step needed" if slowed >= SLOWED else
-           "the cores were shared with other work" if busy_others else
-           "loading was not what held the step back here (the step was not slowed and the machine was quiet)")
-    return False, (f"**This run does not show the lesson**: the most samples/s were at num_workers={w}, "
-                   f"{res['speedup']:.2f}x of loading in the loop{per_round}. {machine}: {why}. "
-                   + ("Re-run on a quiet machine, or with fewer workers." if slowed >= SLOWED or busy_others else
-                      "Make loading slower than the step (a larger `IO_MS`) to see what workers are for."))
+        checks.append(Check("cores busy with other processes", round(load.others, 2), f"< {OTHERS}",
+                            load.others < OTHERS))
+    return checks
+
+
+MODEL_TOL = 0.10    # the model's step time is right within 10%, or within the rounds' spread where that is wider
+
+
+def model_checks(rows: list[dict], fit: dict, fitted) -> list[Check]:
+    """Return one check per W the model was not fitted to: the measured step (ms) within max(MODEL_TOL, the step's
+    spread over the rounds) of the predicted one. The name says which side of max() set the pace: "loader" is a
+    real prediction, "step" repeats the step time fitted at the W > 0 run."""
+    from kit.data.monitor import effective_workers
+    pace = fit["t_compute"] + fit["t_handover"]
+    out = []
+    for r in (r for r in rows if r["workers"] not in fitted):
+        w = r["workers"]
+        w_eff = effective_workers(w, fit["t_load"], fit["t_load_cpu"], fit["c_compute"], fit["cores"]) if w else 0
+        side = "loop" if w == 0 else "loader" if fit["t_load"] / w_eff > pace else "step"
+        tol = max(MODEL_TOL, r["step_spread"])
+        out.append(Check(f"model, W={w} ({side} sets the pace)", r["step_ms"],
+                         f"{r['predicted_ms']:.1f} ms ± {tol:.0%}", r["model_error"] <= tol, unit=" ms"))
+    return out
+
+
+FLOOR_TOL = 0.05    # the fastest step with workers may beat the cores' floor by this share (timing noise)
+
+
+def cpu_checks(rows: list[dict], fit: dict, speedup: float = SPEEDUP, tol: float = FLOOR_TOL) -> list[Check]:
+    """Return section 5's checks on a CPU-bound pipeline's sweep (`rows`, `fit`): the workers' best samples/s over
+    W = 0's (at least `speedup`), and the fastest step with workers no faster than the cores' floor
+    (t_load_cpu + c_compute) / cores, less `tol`."""
+    gain = max(r["samples_per_s"] for r in rows) / rows[0]["samples_per_s"]
+    floor = 1e3 * (fit["t_load_cpu"] + fit["c_compute"]) / fit["cores"]
+    fastest = min((r for r in rows if r["workers"] > 0), key=lambda r: r["step_ms"])
+    return [Check("CPU pipeline: best samples/s over W=0", round(gain, 2), f"≥ {speedup}", gain >= speedup, unit="×"),
+            Check(f"CPU pipeline: fastest step (W={fastest['workers']}) vs the cores' floor", fastest["step_ms"],
+                  f"≥ {floor * (1 - tol):.1f} ms", fastest["step_ms"] >= floor * (1 - tol), unit=" ms")]
+
+
+def advice_check(predicted: float, measured: float, tol: float = 0.20) -> Check:
+    """Return profile_loader's advice checked: the measured step (s) within `tol` of its predicted one."""
+    return Check("profile_loader's predicted step", round(1e3 * measured, 1),
+                 f"{1e3 * predicted:.1f} ms ± {tol:.0%}", abs(measured / predicted - 1) <= tol, unit=" ms")
+
+
+NOISE = 0.10        # appendix 01a: one run per setting on a shared machine; a smaller difference is no evidence
+
+
+def spread_check(name: str, rates: list[float], noise: float = NOISE) -> Check:
+    """Return whether settings' samples/s (`rates`) differ by no more than `noise` (max / min - 1): within the
+    band, one run each cannot rank them."""
+    spread = max(rates) / min(rates) - 1
+    return Check(name, round(spread, 3), f"≤ {noise}", spread <= noise)
+
+
+def prefetch_check(rows: list[dict], load_ms: float, compute_ms: float, batch: int, noise: float = NOISE) -> Check:
+    """Return whether buffered runs (`rows`) stayed within one batch per max(load_ms, compute_ms), + `noise`: a
+    buffer overlaps loading with the step, it does not make either faster."""
+    pace = 1e3 * batch / max(load_ms, compute_ms)
+    best = max(r["samples_per_s"] for r in rows)
+    return Check("a buffer on the serial map: samples/s", round(best), f"≤ {pace * (1 + noise):.0f}",
+                 best <= pace * (1 + noise))
 
 
 # --- the stall in a torch.profiler trace ------------------------------------------------------------------------
@@ -178,27 +224,22 @@ def trace_runs(dataset, step, workers, batch: int, folder, active: int = 5, sync
     return out
 
 
-def trace_check(traced: dict, rows: list[dict], tol: float = TRACE_TOL) -> tuple[bool, str]:
-    """Check each traced W's data-wait share (the DataLoader's __next__ spans / the ProfilerStep spans) against the
-    sweep's wait share at that W (1 - busy, from `rows`); on a GPU, the kernels' share against NVML. Return (held,
-    markdown), saying for a check that did not hold what differed."""
+def trace_checks(traced: dict, rows: list[dict], tol: float = TRACE_TOL) -> list[Check]:
+    """Return per traced W the trace's data-wait share (the DataLoader's __next__ spans / the ProfilerStep spans)
+    against the sweep's wait share at that W (1 - busy, from `rows`) within `tol`; on a GPU, also the kernels'
+    share against NVML's mean utilisation (within 0.15)."""
     from kit import trace
-    by_w, said, held = {r["workers"]: r for r in rows}, [], True
+    by_w, out = {r["workers"]: r for r in rows}, []
     for w, run in traced.items():
-        got, row = trace.data_wait(run["trace"]), by_w[w]
-        ok, text = trace.agree(f"num_workers={w}: the trace's data-wait share", got["wait_share"], 1 - row["busy"],
-                               "the sweep's (1 - busy)", tol)
-        if not ok:
-            pace = "slower" if got["step_ms"] > row["step_ms"] else "faster"
-            text += (f"; the {got['steps']} traced steps took {got['step_ms']:.1f} ms each against the sweep's "
-                     f"{row['step_ms']:.1f} ms: that short run went {pace} than the sweep's rounds")
-        said.append(text)
-        held &= ok
+        got, ref = trace.data_wait(run["trace"])["wait_share"], 1 - by_w[w]["busy"]
+        out.append(Check(f"W={w}: trace's data-wait share", round(got, 3), f"{ref:.3f} ± {tol}",
+                         abs(got - ref) <= tol))
         if any(s.cat in trace.KERNEL_CATS for s in trace.spans(run["trace"])):
-            ok, text = trace.check_nvml(trace.device_busy(run["trace"]), run["nvml"])
-            said.append(f"num_workers={w}: {text}")
-            held &= ok
-    return held, "; ".join(said) + "."
+            busy, nvml = trace.device_busy(run["trace"]), run["nvml"]
+            mean = sum(nvml) / len(nvml) / 100 if nvml else float("nan")
+            out.append(Check(f"W={w}: trace's kernel share", round(busy, 3), f"{mean:.3f} ± 0.15 (NVML)",
+                             bool(nvml) and abs(busy - mean) <= 0.15))
+    return out
 
 
 # --- notebook 01's exercises, graded without showing the answer -------------------------------------------------

@@ -289,6 +289,19 @@ def table(mons: dict, fit: dict | None = None, predict=None) -> list[dict]:
     return rows
 
 
+def text_table(rows: list[dict], columns: dict[str, str]) -> str:
+    """Return `rows` as an aligned text table; `columns` maps each header to a format over a row's keys, e.g.
+    {"W": "{workers}", "busy": "{busy:.0%}"}."""
+    cells = [list(columns)] + [[spec.format(**r) for spec in columns.values()] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+SWEEP_COLUMNS = {"W": "{workers}", "samples/s": "{samples_per_s:.0f}", "busy": "{busy:.0%}", "wait ms": "{wait_ms:.1f}",
+                 "compute ms": "{compute_ms:.1f}", "step ms": "{step_ms:.1f}", "model ms": "{predicted_ms:.1f}",
+                 "error": "{model_error:.0%}"}
+
+
 # --- the experiment of notebook 01 and `python -m kit.bench loading` -----------------------------------------
 DEFAULT = {"size": 28, "fmt": "png", "io_ms": 0.6, "batch_size": 64}   # notebook 01 explains the mix
 AHEAD = 40          # batches a store holds beyond a run's steps: those `measure` skips while workers' queues drain

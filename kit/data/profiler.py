@@ -40,15 +40,14 @@ class LoaderProfile:
 
     def __str__(self):
         io = 1 - self.t_load_cpu / self.t_load if self.t_load > 0 else 0.0
-        lines = [f"loader with {self.workers} workers: the step waits {100 * self.stall:.0f}% of the time",
-                 f"t_load {1e3 * self.t_load:.1f} ms/batch ({100 * io:.0f}% of it waiting on I/O), "
-                 f"t_compute {1e3 * self.t_compute:.1f} ms/step, {self.cores} cores",
-                 f"recommended: num_workers={self.recommended_workers} -> predicted "
-                 f"{1e3 * self.step_predicted:.1f} ms/step, {self.speedup:.2f}x faster than now"]
-        if self.cpu_bound:
-            lines.append("CPU-bound: more workers cannot keep up on these cores; make each sample cheaper "
-                         "(cache decoded data, smaller images, lighter augmentation) or add cores")
-        return "\n".join(lines)
+        rows = [("num_workers", self.workers), ("stall (wait share)", f"{self.stall:.0%}"),
+                ("t_load ms/batch", f"{1e3 * self.t_load:.1f}"), ("of t_load, I/O wait", f"{io:.0%}"),
+                ("t_compute ms/step", f"{1e3 * self.t_compute:.1f}"), ("cores", self.cores),
+                ("recommended num_workers", self.recommended_workers),
+                ("predicted ms/step", f"{1e3 * self.step_predicted:.1f}"),
+                ("predicted speed-up", f"{self.speedup:.2f}x"),
+                ("CPU-bound", self.cpu_bound)]
+        return "\n".join(f"{k:<24} {v}" for k, v in rows)
 
 
 def recommend_workers(t_load: float, t_compute: float, t_load_cpu: float, c_compute: float,
