@@ -3,9 +3,8 @@ settings: results/ps.json, ps*.png and the summary line.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from kit import env
+from kit import checks, env
+from kit.comm import lessons
 from kit.comm.costmodel import DEFAULT_SIZES, measure_alpha_beta
 from kit.comm.ps import Config
 from kit.comm.ps_measure import exchange, exchange_table, latency_table, summarise, training_runs
@@ -41,7 +40,7 @@ def bench(out_dir, quick: bool = False, tiny: bool = False):
     from kit import plots
     x = experiment("tiny" if tiny else "quick" if quick else "full")
     ab, train_rows, model_rows, engines = x["ab"], x["train_rows"], x["rows"], x["engines"]
-    K, cores = train_rows[0]["K"], env.cpu_cores()
+    cores = env.cpu_cores()
     fig, (ax,) = plots.figure(2, figsize=(10, 3.6))
     plots.plot_ps_bytes(train_rows, ax=ax[0])
     plots.plot_ps_split(train_rows, f"MLP step time ({engines} engines on {cores} cores: oversubscribed)", ax=ax[1])
@@ -56,17 +55,22 @@ def bench(out_dir, quick: bool = False, tiny: bool = False):
     plain = [abs(r["measured_ms"] / r["predicted_one_host_ms"] - 1) for r in model_rows]
     within = sum(e <= 0.25 for e in errors)
     exact = all(r["bytes_exact"] for r in train_rows + model_rows)
-    big = max(model_rows, key=lambda r: (r["K"], r["N"], -r["k"]))
-    B_max = " / ".join(f"{b / 1e9:.2f}" for b in ab["B_max"].values())
-    summary = (f"ps: alpha={ab['alpha'] * 1e6:.0f} us B={ab['B'] / 1e9:.2f} GB/s B_max={B_max} GB/s "
-               f"({' / '.join(map(str, ab['B_max']))} servers); server bytes/step == N*K/k exactly: {exact} "
-               f"(MLP K={K} B); prediction t_empty + 2NK/min(B_max, NB) within 25% for {within}/{len(errors)} "
-               f"exchanges (median |error| {np.median(errors):.0%}; the plain 2 alpha + 2NK/B: "
-               f"{sum(e <= 0.25 for e in plain)}/{len(plain)}; N={big['N']} k={big['k']} K={big['K'] / 1e6:.1f} MB: "
-               f"{big['measured_ms']:.0f} ms measured vs {big['predicted_ms']:.0f} predicted); {engines} engines on "
-               f"{cores} cores (times oversubscribed); empty step 2(alpha + (N-1) o): "
-               f"alpha {x['latency']['alpha'] * 1e6:.0f} us, o {(x['latency']['o'] or 0) * 1e6:.0f} us")
     result = {"alpha_s": ab["alpha"], "B_bytes_per_s": ab["B"], "pingpong": ab, "training": train_rows,
               "exchange": model_rows, "bytes_exact": exact, "within_25pct": [within, len(errors)],
               "within_25pct_without_t_empty": [sum(e <= 0.25 for e in plain), len(plain)], "latency": x["latency"]}
-    return result, summary
+    return result, summary(result)
+
+
+def summary(x: dict) -> str:
+    """Return the benchmark's summary line of a run (results/ps.json): α, B, B_max, o, then its checks."""
+    ab, rows = x["pingpong"], x["exchange"]
+    errors = [abs(r["error"]) for r in rows]
+    plain = [abs(r["measured_ms"] / r["predicted_one_host_ms"] - 1) for r in rows]
+    cs = [lessons.equal_check("server bytes/step = N·K/k (every run)",
+                              {f"N={r['N']} k={r['k']} K={r['K']}": r["bytes_exact"] for r in x["training"] + rows}),
+          lessons.equal_check("exchanges within 25% of t_empty + 2NK/min(B_max, NB)",
+                              {f"N={r['N']} k={r['k']} K={r['K']}": e <= 0.25 for r, e in zip(rows, errors)}),
+          lessons.refined_check(sum(e < p for e, p in zip(errors, plain)), len(errors))]
+    b_max = " / ".join(f"{b / 1e9:.2f}" for b in ab["B_max"].values())
+    return (f"ps: alpha={ab['alpha'] * 1e6:.0f} us B={ab['B'] / 1e9:.2f} GB/s B_max={b_max} GB/s "
+            f"o={(x['latency']['o'] or 0) * 1e6:.0f} us; checks {checks.summary_line(cs)}")

@@ -10,8 +10,10 @@ import json
 import numpy as np
 import psutil
 
+from kit import checks
 from kit import cluster as kc
 from kit import netlab
+from kit.comm import lessons
 
 K, REPS = 64 << 20, 3
 RUNS = [("torch", 0), ("ring", 4 << 20), ("ring", 1 << 20), ("ring", 16 << 20), ("torch", 0), ("ring", 4 << 20)]
@@ -65,20 +67,19 @@ def measure(n: int, nbytes: int = K) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> str:
-    """Return the one-line summary: per N, each implementation's share of the link and CPU seconds per call."""
-    return " | ".join(_summary([r for r in rows if r["N"] == n]) for n in sorted({r["N"] for r in rows}))
-
-
-def _summary(rows: list[dict]) -> str:
-    def agg(impl, piece=0):
-        sel = [r for r in rows if r["impl"] == impl and r["piece_bytes"] == piece]
-        return (f"{min(r['busbw_share'] for r in sel):.0%}-{max(r['busbw_share'] for r in sel):.0%} of the link, "
-                f"engines {min(r['engine_cpu_s_per_call'] for r in sel):.2f}-"
-                f"{max(r['engine_cpu_s_per_call'] for r in sel):.2f} CPU s per call")
-    pieces = sorted({r["piece_bytes"] for r in rows if r["impl"] == "ring"})
-    return (f"ring_cpu N={rows[0]['N']}, {rows[0]['bytes'] >> 20} MB, 1gbit: torch.distributed {agg('torch')}; "
-            + "; ".join(f"kit ring {p >> 20} MB pieces {agg('ring', p)}" for p in pieces)
-            + f"; all sums correct: {all(r['ok'] for r in rows)}")
+    """Return the one-line summary: per N, the kit's ring (4 MB pieces) and torch.distributed as shares of the
+    link (medians), then the checks: the two level within the noise band at every N, every sum correct."""
+    share = {(r["N"], r["impl"]): float(np.median([q["busbw_share"] for q in rows if q["N"] == r["N"] and
+                                                   q["impl"] == r["impl"] and q["piece_bytes"] in (0, 4 << 20)]))
+             for r in rows}
+    ns = sorted({n for n, _ in share})
+    cs = [lessons.same_check(f"N={n}: kit ring / torch.distributed busbw", share[n, "ring"], share[n, "torch"])
+          for n in ns]
+    cs.append(lessons.equal_check("sums correct", {f"{r['N']} {r['impl']} {r['piece_bytes']} {i}": r["ok"]
+                                                   for i, r in enumerate(rows)}))
+    return (f"ring_cpu {rows[0]['bytes'] >> 20} MB, 1gbit, busbw/link (kit ring 4 MB pieces / torch.distributed): "
+            + ", ".join(f"N={n} {share[n, 'ring']:.0%}/{share[n, 'torch']:.0%}" for n in ns)
+            + f"; checks {checks.summary_line(cs)}")
 
 
 SETTINGS = {"tiny": dict(ns=(2,), nbytes=4 << 20), "quick": dict(ns=(2,), nbytes=K),

@@ -149,24 +149,25 @@ def ratios(x: dict, K: int) -> dict:
 
 
 def summary(x: dict, K: int, seconds: float) -> str:
-    """Return the benchmark's one-line summary of `ratios`."""
-    r = ratios(x, K)
-    fmt = lambda d: "/".join(f"{v:.2f}" for _, v in sorted(d.items()))  # noqa: E731
-    mom = "; ".join(f"{i} {fmt(d)}" for i, d in r["measured_over_model"].items())
-    sc = "; ".join(f"{i} {v['measured']:.2f}x (model {v['model']:.2f}x, bandwidth terms {v['ideal']:.2f}x)"
-                   for i, v in r["scaling"].items())
-    bw = ", ".join(f"{i} {v:.0%}" for i, v in r["busbw_over_link"].items())
-    be = ", ".join(f"{i} {v:+.2%}" for i, v in r["bytes_error"].items() if v is not None)
-    worst = max((abs(v) for v in r["bytes_error_any_size"].values() if v is not None), default=0)
-    ns = "/".join(map(str, x["ns"]))
-    rt = r["ring_vs_torch"]
-    vs = (f"kit ring vs torch.distributed busbw/link at N={'/'.join(map(str, rt))}: "
-          f"{'/'.join(f'{v[0]:.0%}' for v in rt.values())} vs {'/'.join(f'{v[1]:.0%}' for v in rt.values())}; ")
-    return (f"network {x['rate']}, {human(K)}: measured/model at N={ns}: {mom} (target 0.8-1.2); "
-            f"N={max(x['ns'])} vs N={min(x['ns'])}: {sc} (targets 1.75x ring, 4x PS); "
-            f"busbw/link at N={max(x['ns'])}: {bw} (target ring >= 85%); {vs}NIC bytes vs model at {human(K)}: {be}, "
-            f"worst at any size {worst:+.2%} (target within 2%; headers, ACKs, barriers included); "
-            f"all sums correct: {r['all_correct']}; {seconds:.0f} s")
+    """Return the benchmark's one-line summary: its checks on `ratios` (measured/model within 0.8–1.2 at every N,
+    the growth from the smallest to the largest N within 25% of the model's, the ring's busbw at least 85% of the
+    link, NIC bytes within 2% of the model's, every sum correct)."""
+    from kit.checks import Check, summary_line
+    from kit.comm import lessons
+    r, lo, hi = ratios(x, K), min(x["ns"]), max(x["ns"])
+    cs = [Check(f"{i} measured/model (every N)", measured=f"{min(d.values()):.2f}–{max(d.values()):.2f}",
+                bound="0.8–1.2", held=all(0.8 <= v <= 1.2 for v in d.values()))
+          for i, d in r["measured_over_model"].items() if d]
+    cs += [Check(f"{i} t(N={hi}) / t(N={lo})", measured=v["measured"], bound=f"{v['model']:.2f} ± 25%",
+                 held=abs(v["measured"] / v["model"] - 1) <= 0.25, unit="×") for i, v in r["scaling"].items()]
+    if "ring" in r["busbw_over_link"]:
+        cs.append(Check(f"ring busbw / link at N={hi}", measured=r["busbw_over_link"]["ring"], bound="≥ 0.85",
+                        held=r["busbw_over_link"]["ring"] >= 0.85))
+    cs += [Check(f"{i} NIC bytes / model − 1", measured=v, bound="± 0.02", held=abs(v) <= 0.02)
+           for i, v in r["bytes_error"].items() if v is not None]
+    cs.append(lessons.equal_check("sums correct", {str(i): row["ok"] for i, row in enumerate(x["rows"])}))
+    return (f"network {x['rate']}, {human(K)}, N={'/'.join(map(str, x['ns']))}, {seconds:.0f} s; "
+            f"checks {summary_line(cs)}")
 
 
 SHORT = {"ring": "kit ring", "byteps": "PS, k=N co-located", "torch": "torch.distributed",
