@@ -61,3 +61,37 @@ def test_the_appendix_checks_can_fail():
     assert not lessons.own_line_check(38.2e-3, 22.4e-3).held and not lessons.own_line_check(10e-3, 22.4e-3).held
     assert lessons.above_model_check("ring N=4 / N=2", 2.75, 1.56).held
     assert not lessons.above_model_check("ring N=4 / N=2", 1.41, 1.57).held
+
+
+def test_the_benchmarks_summaries_say_which_checks_did_not_hold():
+    """The ps, allreduce, ring_cpu and network summaries end in their checks: the committed runs as recorded, and
+    each made to fail by spoiling one number of it."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from kit.bench import allreduce, ps, ring_cpu
+    from kit.plots import network
+    results = Path(__file__).resolve().parent.parent / "results"
+    x = {n: json.loads((results / f"{n}.json").read_text()) for n in ("ps", "allreduce", "ring_cpu", "network")}
+    assert ps.summary(x["ps"]) == x["ps"]["summary"] and allreduce.summary(x["allreduce"]) == x["allreduce"]["summary"]
+    net = lambda y: network.summary(y, max(y["sizes"]), y["seconds"])     # noqa: E731
+    assert net(x["network"]) == x["network"]["summary"]
+
+    bad = copy.deepcopy(x["allreduce"])
+    for r in bad["records"]:
+        r["busbw"] *= 0.1 if r["impl"] == "kit ring" else 1
+    assert "kit ring busbw / best Horovod's at 64 MB did not hold" in allreduce.summary(bad)
+    bad = copy.deepcopy(x["ps"])
+    bad["training"][0]["bytes_exact"] = False
+    assert "server bytes/step = N·K/k (every run) did not hold" in ps.summary(bad)
+    rows = copy.deepcopy(x["ring_cpu"]["rows"])
+    for r in rows:
+        r["busbw_share"] *= 0.5 if r["impl"] == "ring" and r["N"] == 2 else 1
+    assert "N=2: kit ring / torch.distributed busbw did not hold" in ring_cpu.summary(rows)
+    bad = copy.deepcopy(x["network"])
+    for r in bad["rows"]:
+        r["seconds"] *= 2 if r["impl"] == "ring" and r["N"] == max(bad["ns"]) else 1
+    said = net(bad)
+    n_lo, n_hi = min(bad["ns"]), max(bad["ns"])
+    assert "ring measured/model (every N) did not hold" in said and f"ring t(N={n_hi}) / t(N={n_lo}) did not hold" in said
