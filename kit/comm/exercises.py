@@ -21,29 +21,38 @@ from kit.comm import ring_sim
 from kit.comm.costmodel import crossover_bytes, t_comm_ps, t_comm_ring
 
 GRID = np.array([0, 4, 1 << 10, 4 << 10, 64 << 10, 1 << 20, 64 << 20, 1 << 30], dtype=float)
+OPEN = "exercise {}: not answered yet"
+
+
+def _say(n: int, parts: dict[str, bool], hint: str = "") -> str:
+    """Return exercise n's verdict from its parts ({part: right?}): correct, or which parts are wrong (one part:
+    "wrong", with `hint`), never the answer."""
+    if all(parts.values()):
+        return f"exercise {n}: correct"
+    if len(parts) == 1:
+        return f"exercise {n}: wrong" + (f" ({hint})" if hint else "")
+    return f"exercise {n}: " + ", ".join(f"{k} {'right' if ok else 'wrong'}" for k, ok in parts.items())
 
 
 def check_ring_bytes(answer, N: int = 5, K: int = 10 * 2**20, worker: int = 2) -> str:
     """Notebook 03, exercise 1: the bytes `worker` sends in one ring allreduce of K bytes over N workers, counted
     from the schedule itself (float32 chunks, ring_sim)."""
     if answer is None:
-        return "exercise 1: not answered yet"
+        return OPEN.format(1)
     bounds = ring_sim.chunk_bounds(K // 4, N)
     sent = sum(4 * (bounds[c][1] - bounds[c][0]) for phase in ("scatter_reduce", "allgather")
                for c in (ring_sim.send_chunk(worker, s, N, phase) for s in range(N - 1)))
-    return "exercise 1: correct" if answer == sent else "exercise 1: wrong (count its chunks, and their size)"
+    return _say(1, {"bytes": answer == sent}, "count its chunks, and their size")
 
 
 def check_ring_steps(steps, chunk, n: int = 8, worker: int = 3) -> str:
     """Notebook 03, exercise 2: the ring's steps for n workers, and the chunk `worker` owns after scatter-reduce,
     read from a simulation."""
     if steps is None or chunk is None:
-        return "exercise 2: not answered yet"
+        return OPEN.format(2)
     _, st = ring_sim.simulate([np.ones(2 * n) * r for r in range(n)])
-    right_steps = steps == len(st) - 1
-    right_chunk = chunk == int(np.flatnonzero(st[n - 1].contributions[worker] == n)[0])
-    return ("exercise 2: correct" if right_steps and right_chunk else
-            f"exercise 2: steps {'right' if right_steps else 'wrong'}, chunk {'right' if right_chunk else 'wrong'}")
+    return _say(2, {"steps": steps == len(st) - 1,
+                    "chunk": chunk == int(np.flatnonzero(st[n - 1].contributions[worker] == n)[0])})
 
 
 def _left_ring_run(fn):
@@ -68,7 +77,7 @@ def check_left_ring(ring_fn, cluster) -> str:
     """Notebook 03, exercise 4: `ring_fn(x)`, the ring sending to the left neighbour, run on the cluster's engines;
     right when every rank ends with the sum and sent only to its left neighbour."""
     if "..." in inspect.getsource(ring_fn):
-        return "exercise 4: not answered yet"
+        return OPEN.format(4)
     got = cluster.view.apply_sync(_left_ring_run, ring_fn)
     if any(isinstance(g, str) for g in got):
         return "exercise 4: it raised on the engines: " + next(g for g in got if isinstance(g, str))
@@ -86,7 +95,7 @@ def check_ring_vs_ps(gap, k_star, ps_wins, alpha: float, o: float, B: float, N: 
     lab, or alpha), the K below which the server is faster (within 1%; 0 if never), and whether it is faster at
     some K. Say which parts are right, never the answer."""
     if gap is None or k_star is None or ps_wins is None:
-        return "exercise 3: not answered yet"
+        return OPEN.format(3)
     a_r = alpha if alpha_ring is None else alpha_ring
     diff = t_comm_ps(N, GRID, alpha, B, o=o) - t_comm_ring(N, GRID, a_r, B)
     try:
@@ -95,44 +104,37 @@ def check_ring_vs_ps(gap, k_star, ps_wins, alpha: float, o: float, B: float, N: 
         return f"exercise 3: your gap raised {type(e).__name__}: {e} (it takes a numpy array of K)"
     want = float(crossover_bytes(N, alpha, B, o, alpha_ring=a_r))
     right_k = abs(float(k_star) - want) <= 0.01 * want if want > 0 else float(k_star) == 0
-    right_wins = bool(ps_wins) == bool(want > 0)
-    if right_gap and right_k and right_wins:
-        return "exercise 3: correct"
-    word = lambda ok: "right" if ok else "wrong"  # noqa: E731
-    return (f"exercise 3: t_ps - t_ring {word(right_gap)}, the crossover K {word(right_k)}, "
-            f"'the server wins at some K' {word(right_wins)}")
+    return _say(3, {"t_ps - t_ring": right_gap, "the crossover K": right_k,
+                    "'the server wins at some K'": bool(ps_wins) == bool(want > 0)})
 
 
 def check_server_bytes(each, total, rows, K) -> str:
     """Notebook 02, exercise 1: `each(N, K, k)` the bytes ONE server receives per step, `total(N, K, k)` all of them
     together, against the counted `rows` (kit.comm.ps_measure.summarise)."""
     if each is None or total is None:
-        return "exercise 1: not answered yet"
+        return OPEN.format(1)
     right_each = all(abs(b - each(r["N"], K, r["k"])) <= 4 * r["N"]      # shards differ by at most one float
                      for r in rows for b in r["servers_in"])
     right_total = all(sum(r["servers_in"]) == total(r["N"], K, r["k"]) for r in rows)
-    return ("exercise 1: correct" if right_each and right_total else
-            f"exercise 1: each server {'right' if right_each else 'wrong'}, "
-            f"all servers {'right' if right_total else 'wrong'}")
+    return _say(1, {"each server": right_each, "all servers": right_total})
 
 
 def check_n_star(n, alpha: float, B: float, K: float, compute_s: float, o: float) -> str:
     """Notebook 02, exercise 2: the smallest N for which one server's communication exceeds `compute_s`."""
     if n is None:
-        return "exercise 2: not answered yet"
+        return OPEN.format(2)
     t = lambda n: t_comm_ps(n, K, alpha, B, 1, o)   # noqa: E731
-    return "exercise 2: correct" if n >= 1 and t(n) > compute_s >= t(n - 1) else "exercise 2: wrong"
+    return _say(2, {"N": n >= 1 and t(n) > compute_s >= t(n - 1)})
 
 
 def check_k_star(k, alpha: float, B: float, K: float, compute_s: float, o: float, n: int = 64) -> str:
     """Notebook 02, exercise 3: the fewest servers that keep n workers' communication at or below `compute_s`."""
     if k is None:
-        return "exercise 3: not answered yet"
+        return OPEN.format(3)
     t = lambda k: t_comm_ps(n, K, alpha, B, k, o)   # noqa: E731
     fits = k >= 1 and t(k) <= compute_s
     fewest = k == 1 or (k > 1 and t(k - 1) > compute_s)
-    return "exercise 3: correct" if fits and fewest else \
-        f"exercise 3: wrong ({'too few' if not fits else 'more than needed'})"
+    return _say(3, {"k": fits and fewest}, "too few" if not fits else "more than needed")
 
 
 def staleness_while_all_push(run, slow: int) -> list[float]:
@@ -148,7 +150,7 @@ def check_async_staleness(fn, run, slow: int) -> str:
     """Notebook 02, exercise 4: `fn(run, slow)`, each worker's mean staleness while every worker was still
     pushing, against the run's records (within 1e-9). Says right or wrong, never the numbers."""
     if fn is None:
-        return "exercise 4: not answered yet"
+        return OPEN.format(4)
     want = staleness_while_all_push(run, slow)
     try:
         got = [float(v) for v in fn(run, slow)]
@@ -156,8 +158,8 @@ def check_async_staleness(fn, run, slow: int) -> str:
         return f"exercise 4: your function raised {type(e).__name__}: {e}"
     if len(got) != len(want):
         return f"exercise 4: wrong: {len(got)} values for {len(want)} workers"
-    right = np.allclose(got, want, rtol=1e-9, atol=1e-12, equal_nan=True)
-    return "exercise 4: correct" if right else "exercise 4: wrong (one value per worker, in rank order)"
+    return _say(4, {"means": np.allclose(got, want, rtol=1e-9, atol=1e-12, equal_nan=True)},
+                "one value per worker, in rank order")
 
 
 def _colocated_run(fn):
@@ -188,7 +190,7 @@ def check_colocated(fn, cluster) -> str:
     """Notebook 02, exercise 5: `fn(grad)` averages every rank's gradient with rank r the server of shard r, run on
     the cluster's engines; right when the average is and each rank sends the ring's 2(N-1)/N·K bytes."""
     if "..." in inspect.getsource(fn):
-        return "exercise 5: not answered yet"
+        return OPEN.format(5)
     got = cluster.view.apply_sync(_colocated_run, fn)
     if any(isinstance(g, str) for g in got):
         return "exercise 5: it raised on the engines: " + next(g for g in got if isinstance(g, str))
