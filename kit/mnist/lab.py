@@ -3,7 +3,7 @@
     with kit.netlab.start(hosts=4) as lab:
         runs = kit.mnist.lab.scaling(lab, sizes=(2, 4), rates=("1gbit", "10gbit"))
     kit.plots.plot_lab_scaling(runs)                  # samples/s and the allreduce's share of a step
-    Markdown(kit.mnist.lab.note(runs, bench, "In this run", no_lab=None))   # the section's prose, its checks
+    kit.checks.show(kit.mnist.lab.claims(runs))       # the section's checks
 
 Each run is `horovodrun --gloo -np N -H h1:1,...,hN:1 python scripts/train_keras_mnist.py --synthetic-steps S`
 started on h1, one worker per host, with Horovod's timeline on: samples/s from the script, the exchange time per
@@ -147,114 +147,26 @@ def hidden_share(result: dict, run: dict) -> float:
     return 1 - (run["step_s"] - result["one_worker"]["step_s"]) / run["allreduce_s"]
 
 
-def claims(result: dict, n: int = 2, gap: float = 0.10) -> list:
-    """Return the lab section's two checks on `n` hosts: does the 1 Gbit/s link slow the job (by `gap` of the
-    10 Gbit/s run's speed-up, as a step waiting for its whole allreduce would), and is the step's extra time over
-    one worker no more than its allreduce (nothing else slowed the workers)?"""
+LINK_GAP = 0.10     # a step waiting for its whole allreduce: 10 Gbit/s at least this much faster than 1 Gbit/s
+
+
+def claims(result: dict, n: int = 2, gap: float = LINK_GAP) -> list:
+    """Return the lab section's two checks on `n` hosts: the 10 Gbit/s run's speed-up over the 1 Gbit/s run's (at
+    least 1 + `gap`, as when a step waits for its whole allreduce), and the 1 Gbit/s step's time beyond one
+    worker's, no more than its allreduce (nothing else slowed the workers)."""
     from kit.checks import Check
     by = {(r["n"], r["rate"]): r for r in result["runs"]}
     slow, fast, one = by[n, "1gbit"], by[n, "10gbit"], result["one_worker"]
-    ms = lambda s: f"{1e3 * s:.0f} ms"          # noqa: E731
-    extra = slow["step_s"] - one["step_s"]
-    return [
-        Check(f"1 vs 10 Gbit/s on {n} hosts",
-              measured=f"{slow['speedup']:.2f}× one worker at 1 Gbit/s, {fast['speedup']:.2f}× at 10 Gbit/s "
-                       f"({ms(slow['step_s'])} vs {ms(fast['step_s'])} a step)",
-              bound=f"10 Gbit/s at least {gap:.0%} faster, as when a step waits for its whole allreduce",
-              held=fast["speedup"] >= (1 + gap) * slow["speedup"],
-              reason=f"the 1 Gbit/s step took {1e3 * (slow['step_s'] - fast['step_s']):+.0f} ms against the 10 Gbit/s "
-                     f"one although its allreduce took {ms(slow['allreduce_s'] - fast['allreduce_s'])} longer: "
-                     f"{max(0.0, hidden_share(result, slow)):.0%} of it ran behind the backward pass"),
-        Check("only the exchange slows a step",
-              measured=f"at 1 Gbit/s a step took {ms(extra)} more than one worker's, its allreduce "
-                       f"{ms(slow['allreduce_s'])}",
-              bound="no more than the allreduce",
-              held=extra <= slow["allreduce_s"],
-              reason=f"a worker kept only {min(slow['cores_busy']):.2f} of a core busy: it also waited outside the "
-                     f"exchange (for a core of this shared machine, or for its peer)")]
+    ratio, extra = fast["speedup"] / slow["speedup"], slow["step_s"] - one["step_s"]
+    return [Check(f"{n} hosts: speed-up at 10 Gbit/s over 1 Gbit/s", round(ratio, 2), f"≥ {1 + gap:.2f}",
+                  ratio >= 1 + gap, unit="×"),
+            Check(f"{n} hosts, 1 Gbit/s: step − one worker's step", round(1e3 * extra, 1),
+                  f"≤ {1e3 * slow['allreduce_s']:.1f} ms (its allreduce)", extra <= slow["allreduce_s"], unit=" ms")]
 
 
-def lesson(result: dict, n: int = 2) -> str:
-    """Return what `result` says about the network: the rate below which no overlap can hide the wire, and the
-    share of the 1 Gbit/s allreduce that hid behind compute above it."""
-    by = {(r["n"], r["rate"]): r for r in result["runs"]}
-    slow, fast = by[n, "1gbit"], by[n, "10gbit"]
-    hidden = max(0.0, hidden_share(result, slow))
-    return (f"The wire alone needs one worker's whole step ({1e3 * result['one_worker']['step_s']:.0f} ms) at "
-            f"{crossover_rate(result, n) / 1e9:.2f} Gbit/s: below that rate, even an allreduce hidden entirely "
-            f"behind compute leaves the workers waiting for the network. Above it, the network costs the part of the "
-            f"allreduce that does not hide: here {hidden:.0%} of the 1 Gbit/s allreduce ran behind the backward "
-            f"pass, and the 1 Gbit/s speed-up came out {slow['speedup'] / fast['speedup'] - 1:+.0%} against the "
-            "10 Gbit/s one.")
-
-
-def compare(result: dict, bench: dict, n: int = 2) -> str:
-    """Return why `bench` (the committed benchmark) and `result` (this run) disagree, from their own numbers."""
-    def at(res):
-        r = {(r["n"], r["rate"]): r for r in res["runs"]}[n, "1gbit"]
-        return r, r["step_s"] - res["one_worker"]["step_s"], min(r["cores_busy"])
-    (r, extra, busy), (b, b_extra, b_busy) = at(result), at(bench)
-    ms = lambda s: f"{1e3 * s:.0f} ms"          # noqa: E731
-    same_wire = abs(r["allreduce_s"] - b["allreduce_s"]) <= 0.2 * b["allreduce_s"]
-    # the run whose least busy worker had clearly less of a core, and whose step ran longer beyond one worker's
-    where = "" if not same_wire or abs(busy - b_busy) < 0.1 or (busy < b_busy) != (extra > b_extra) else \
-        "here" if busy < b_busy else "in the benchmark"
-    return (f"Both timed {n} hosts at 1 Gbit/s: the allreduce took {ms(b['allreduce_s'])} in the benchmark and "
-            f"{ms(r['allreduce_s'])} here ({'about the same' if same_wire else 'not the same'}), but a step ran "
-            f"{ms(b_extra)} longer than one worker's there and {ms(extra)} here, with the least busy worker at "
-            f"{b_busy:.2f} of a core there and {busy:.2f} here ({bench['runs'][0]['steps']} timed steps per run "
-            f"there, {r['steps']} here). "
-            + (f"The disagreement is not the network's: {where} a worker also waited outside the exchange (for a "
-               "core, or for a peer slowed by the load on this shared machine), so less of its allreduce hid behind "
-               "the backward pass." if where else "One run each: their own numbers do not single out one cause."))
-
-
-def _at(result: dict) -> dict:
-    """Return `result`'s runs keyed by (hosts, rate)."""
-    return {(r["n"], r["rate"]): r for r in result["runs"]}
-
-
-def exchange_note(result: dict, source: str, n: int = 2) -> str:
-    """Return the section's opening: one worker's speed, then `n` hosts' allreduce at 1 and 10 Gbit/s beside the
-    wire's own time; `source` says where the numbers come from ("In this run", or the committed run)."""
-    one, slow, fast = result["one_worker"], _at(result)[n, "1gbit"], _at(result)[n, "10gbit"]
-    return (f"{source}, one worker alone trained {one['samples_per_s']:,.0f} samples/s ({1e3 * one['step_s']:.0f} "
-            f"ms per step). On {n} hosts the {result['gradient_bytes'] / 1e6:.1f} MB of gradients spent "
-            f"{1e3 * slow['allreduce_s']:.0f} ms per step in the allreduce over 1 Gbit/s links, where the wire alone "
-            f"needs {1e3 * slow['link_s']:.0f} ms, and {1e3 * fast['allreduce_s']:.0f} ms over 10 Gbit/s, where it "
-            f"needs {1e3 * fast['link_s']:.1f} ms (the rest is Gloo's software on shared cores, not the wire).")
-
-
-def bench_note(result: dict, bench: dict, n: int = 2) -> str:
-    """Return the committed benchmark `bench` beside this run `result`: its speed-ups on `n` hosts, its checks
-    (claims) and why the two disagree (compare)."""
-    from kit.checks import markdown
-    at = _at(bench)
-    return (f"The committed benchmark (`python -m kit.bench mnist_lab`, {bench['machine']['date'][:10]}) ran {n} "
-            f"hosts at {at[n, '1gbit']['speedup']:.2f}× and {at[n, '10gbit']['speedup']:.2f}×:\n\n"
-            + markdown(claims(bench, n)) + "\n\n" + compare(result, bench, n))
-
-
-def crowded_note(result: dict) -> str:
-    """Return what the 4-host run at 10 Gbit/s measured (this machine's cores shared, two workers to a core), or ""
-    where `result` has no such run."""
-    four = _at(result).get((4, "10gbit"))
-    if four is None:
-        return ""
-    return (f"With 4 hosts, 4 workers share this machine's {result['cores']} cores, {4 / result['cores']:g} to a core "
-            f"(each worker busy "
-            f"{sum(four['cores_busy']) / 4:.2f} of a core): a step took {1e3 * four['step_s']:.0f} ms even at 10 "
-            f"Gbit/s, and the allreduce stretched with it ({1e3 * four['allreduce_s']:.0f} ms). Those points measure "
-            f"this box; on a real cluster each host brings its own cores and only the wire's 2(N−1)/N × K / B grows "
-            f"with N.")
-
-
-def note(result: dict, bench: dict, source: str, no_lab: str | None) -> str:
-    """Return the lab section's Markdown: the exchange on 2 hosts, the lab's checks, the lesson, the committed
-    benchmark beside this run (where the lab ran here: `no_lab` is None) and the 4-host run (where there is one)."""
-    from kit.checks import markdown
-    parts = [exchange_note(result, source) + " The lab's checks:", markdown(claims(result)), lesson(result)]
-    if no_lab is None:
-        parts.append(bench_note(result, bench))
-    four = crowded_note(result)
-    return "\n\n".join(parts + ([four] if four else []))
+def numbers(result: dict, n: int = 2) -> dict:
+    """Return the section's derived numbers on `n` hosts: the rate (Gbit/s) at which the wire alone takes one
+    worker's step, and the share of the 1 Gbit/s allreduce hidden behind compute."""
+    slow = {(r["n"], r["rate"]): r for r in result["runs"]}[n, "1gbit"]
+    return {"crossover_gbit": round(crossover_rate(result, n) / 1e9, 3),
+            "hidden_share_1gbit": round(hidden_share(result, slow), 3)}

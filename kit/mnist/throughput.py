@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 
+from kit.checks import Check
 from kit.mnist.callbacks import throughput_callback
 from kit.mnist.model import BASE_LR, BATCH, build_model
 
@@ -76,18 +77,41 @@ def _setting_rows(result: dict):
         yield key, len(t["runs"]), (min(one), max(one)), (min(two), max(two)), t, busy
 
 
+NAMES = {"tf_defaults": "intra-op 1, TF's inter-op pool", "pinned": "1 thread + pinned core (Gloo)",
+         "pinned_mpi": "1 thread + pinned core (MPI)", "pinned_mpi_busy_poll": "same, MPI busy-polling"}
+
+
 def explain_threads(result: dict) -> str:
     """Return the benchmark's throughput table as text: per setting, 1 vs 2 workers, speed-up, cores busy."""
-    names = {"tf_defaults": "intra-op 1, TF's inter-op pool", "pinned": "1 thread + pinned core (Gloo)",
-             "pinned_mpi": "1 thread + pinned core (MPI)", "pinned_mpi_busy_poll": "same, MPI busy-polling"}
     lines = [f"{'setting':31s} {'pairs':>5s} {'1 worker':>13s} {'2 workers':>13s} {'speed-up':>8s} "
              f"{'cores busy 1w | 2w':>19s}"]
     for key, pairs, one, two, t, busy in _setting_rows(result):
-        lines.append(f"{names.get(key, key):31s} {pairs:5d} {one[0]:6,.0f}-{one[1]:<6,.0f} "
+        lines.append(f"{NAMES.get(key, key):31s} {pairs:5d} {one[0]:6,.0f}-{one[1]:<6,.0f} "
                      f"{two[0]:6,.0f}-{two[1]:<6,.0f} {t['speedup']:7.2f}x {busy[0]:9.2f} | {busy[1]:.2f}")
     lines.append("(samples/s as min-max over the pairs; speed-up = median of the paired ratios; cores busy = CPU "
                  "time / wall time, median, summed over workers)")
     return "\n".join(lines)
+
+
+def gain_check(name: str, runs: list[dict], speedup: float) -> Check:
+    """Return whether N workers' paired `speedup` (median of thr_n / thr_1 over `runs`) lies beyond the noise band
+    of one worker's own runs, (max - min) / median of their thr_1: within it, the pairs show no gain or loss."""
+    one = [r["thr_1"] for r in runs]
+    band = (max(one) - min(one)) / float(np.median(one))
+    return Check(name, round(speedup, 2), f"> {1 + band:.2f} (1 + noise)", speedup > 1 + band, unit="×")
+
+
+def gain_checks(result: dict) -> list[Check]:
+    """Return gain_check for every thread setting of a `python -m kit.bench mnist` run."""
+    return [gain_check(f"{NAMES.get(key, key)}: speed-up beyond noise", t["runs"], t["speedup"])
+            for key, t in result["throughput"].items()]
+
+
+def model_check(thr_n: float, predicted: float, tol: float = 0.10) -> Check:
+    """Return whether N workers' samples/s reached the no-overlap model's `predicted` (less `tol`): overlap can
+    only make the job faster than a step that waits for all of its exchange."""
+    return Check("N workers vs the no-overlap model", round(thr_n), f"≥ {predicted * (1 - tol):,.0f}",
+                 thr_n >= predicted * (1 - tol), unit=" samples/s")
 
 
 def readme_table(result: dict) -> str:

@@ -139,3 +139,11 @@ class HorovodTimeline:
             return per_step(self.path) if hvd.rank() == 0 else None
         finally:
             os.remove(self.path)
+
+
+def overlap_check(together: int, n_tensors: int):
+    """Return whether the median step's gradient allreduces overlapped backward: at least one of `n_tensors` started
+    more than 2 ms before the last (`together` started within 2 ms of it)."""
+    from kit.checks import Check
+    return Check("allreduces started > 2 ms before the step's last", n_tensors - together, "≥ 1 (overlap)",
+                 n_tensors - together >= 1)
