@@ -85,34 +85,32 @@ def test_bytes_per_step_follow_the_ring_model():
     assert dp.t_comm_buckets(N, [3 * K], 1e-4, 1e9) < t                     # one message fewer: one α·2(N-1) less
 
 
-def test_the_horovod_note_says_where_horovods_time_went():
-    row = lambda scheme, ms, **kw: {"scheme": scheme, "step_ms": ms, "step_ms_range": [ms / 2, 3 * ms],  # noqa: E731
-                                    "calls": 14, "ok": True, **kw}
+def test_the_horovod_rows_say_where_horovods_time_went():
+    row = lambda scheme, ms, **kw: {"scheme": scheme, "label": scheme, "step_ms": ms,  # noqa: E731
+                                    "step_ms_range": [ms / 2, 3 * ms], "calls": 14, "ok": True, **kw}
     steps = [{"span": 30.0, "wire": 10.0, "negotiation": 18.0, "idle": 4.0, "allreduces": 2, "cycles": 5},
              {"span": 20.0, "wire": 12.0, "negotiation": 6.0, "idle": 2.0, "allreduces": 3, "cycles": 2},
              {"span": 90.0, "wire": 11.0, "negotiation": 75.0, "idle": 6.0, "allreduces": 2, "cycles": 30}]
-    x = {"N": 3, "cores": 2, "rows": [row("ddp:1048576", 20.0), row("horovod", 40.0)],
+    x = {"N": 3, "rows": [row("ddp:1048576", 20.0), row("horovod", 40.0)],
          "horovod_timeline": row("horovod", 45.0, horovod_steps=steps)}
-    note = horovod.horovod_note(x)
-    assert "40.0 ms per step" in note and "DDP's 20.0" in note and "Horovod took 45.0 ms a step" in note
-    assert "(median of 3): 30.0 ms in all, 11.0 ms with a fused allreduce on the wire (2 of them), and 18.0 ms" in note
-    assert "and 4.0 ms with neither" in note and "share 2 cores" in note
-    assert "its longest such step, 90 ms, negotiated for 75 and did neither for 6" in note
-    assert "Horovod took 45.0 ms a step (median), about as in the run above, where the timeline was off." in note
-    x["horovod_timeline"]["step_ms"] = 20.0
-    assert "20.0 ms a step (median), 2.0× faster than in the run above, where the timeline was off: so much" in \
-        horovod.horovod_note(x)
-    x["horovod_timeline"]["step_ms"] = 60.0
-    assert "60.0 ms a step (median), 1.5× the run above" in horovod.horovod_note(x)
-    del x["horovod_timeline"], x["cores"]             # a run without Horovod's timeline says only its step times
-    assert "negotiat" not in horovod.horovod_note(x) and "cores" not in horovod.horovod_note(x)
+    runs = horovod.horovod_rows(x)
+    assert [(r["run"], r["median ms"], r["fastest"], r["slowest"]) for r in runs] == [
+        ("horovod", 40.0, 20.0, 120.0), ("ddp:1048576", 20.0, 10.0, 60.0), ("horovod (timeline on)", 45.0, 22.5, 135.0)]
+    median, longest = horovod.negotiation_rows(x)
+    assert median == {"steps": "median of 3", "span": 30.0, "wire": 11.0, "negotiation": 18.0, "idle": 4.0,
+                      "allreduces": 2.0}
+    assert longest == {"steps": "longest", "span": 90.0, "wire": 11.0, "negotiation": 75.0, "idle": 6.0,
+                       "allreduces": 2}
+    del x["horovod_timeline"]                         # a run without Horovod's timeline: its step times only
+    assert len(horovod.horovod_rows(x)) == 2 and horovod.negotiation_rows(x) == []
 
 
 def test_schemes_and_labels():
     names = schemes.all_schemes((1024,), 2048)
     assert names == ["local", "naive", "overlap", "buckets:1024", "ddp:2048", "ddp_fp16:2048", "horovod", "zero",
-                     "fsdp"]
+                     "zero:65536", "fsdp"]
     assert schemes.label("buckets:1024") == "buckets 1 KB"
+    assert schemes.label("zero:65536") == "ZeRO-1, ring pieces of 64 KB"
 
 
 # ----------------------------------------------------------------------------------- on engines
@@ -124,7 +122,7 @@ def test_tiny_benchmark_gives_its_rows_and_summary(tmp_path, cluster3):
     x, summary = bench_ddp.bench(tmp_path, tiny=True, cluster=cluster3)
     doc = json.loads(json.dumps({"summary": summary, **x}, default=float))
     assert doc["summary"].startswith("ddp: N=3 gloo engines")
-    assert "checks held: correct" in doc["summary"]                  # every scheme equals one-process SGD
+    assert "checks held: schemes with one process's weights" in doc["summary"]   # each equals one-process SGD
     assert len(doc["rows"]) == len(schemes.all_schemes(bench_ddp.SETTINGS["tiny"]["buckets"]))
     assert schemes.table(doc).count("\n") == len(doc["rows"]) + 1
 
@@ -172,6 +170,8 @@ def test_every_scheme_equals_one_process_sgd_on_the_nx_batch(cluster3):
     peak = zero["peak"]
     assert peak["params"] == peak["grads"] == K and peak["optimizer"] == padded // 3, peak
     assert peak["temporary"] == 2 * padded // 3, peak
+    small = rows["zero:65536"]["peak"]                               # pieces of 64 KB: larger than this chunk too
+    assert small["temporary"] == 2 * padded // 3 and rows["zero:65536"]["err"] < 1e-5, small
     assert rows["naive"]["peak"]["grads"] >= K                       # the replicated gradients, all alive at once
     assert rows["buckets:1048576"]["peak"]["temporary"] == K          # its one flat bucket, launched, not finished
     assert rows["ddp:256"]["peak"]["grads"] == K and rows["ddp:256"]["peak"]["temporary"] == 0   # views of buckets

@@ -8,10 +8,11 @@ from kit.ddp import exercises, schemes
 
 def test_exercise_1_grades_ddps_bucket_rule():
     sizes = [p.numel() * p.element_size() for p in schemes.make_model(schemes.CFG).parameters()]
-    right = len(dp.assign_buckets(sizes, 512 * 1024))
+    right = len(dp.assign_buckets(sizes, 600_000))
     assert exercises.grade_buckets(None) == "exercise 1: not answered yet"
     assert exercises.grade_buckets(right) == "exercise 1: correct"
-    for wrong in (right - 1, right + 1, len(dp.assign_buckets(sizes, 512 * 1024, None))):
+    assert right not in [len(dp.assign_buckets(sizes, b)) for b in schemes.BUCKETS]   # not a row section 4 prints
+    for wrong in (right - 1, right + 1, len(dp.assign_buckets(sizes, 600_000, 1 << 20))):
         if wrong != right:
             said = exercises.grade_buckets(wrong)
             assert said.startswith("exercise 1: wrong") and str(right) not in said

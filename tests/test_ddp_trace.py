@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kit import trace
+from kit import checks, trace
 from kit.ddp import profile
 from kit.ddp import schemes
 
@@ -48,17 +48,19 @@ def test_the_hidden_share_is_read_from_the_traces_not_from_accumulate_grad():
     assert profile.step_ms(traces["naive"]) == pytest.approx(1.0)
     # the traced steps save 300 of 500 µs of communication per step: 0.60, the spans say 0.59
     check = profile.hidden_check(traces)
-    assert check.held and check.measured == "hidden share 59% (traces) vs 60% (step times)"
-    # the kit's own step times (kit.ddp.experiment's rows) saying nothing was saved: the check fails, with a reason
+    assert check.held and check.measured == pytest.approx(0.59) and check.bound == "0.40–0.80"   # 0.60 ± 0.20, 2×
+    # the kit's own step times (kit.ddp.experiment's rows) saying nothing was saved: the check fails
     x = {"rows": [{"scheme": "naive", "step_ms": 1.0}, {"scheme": "overlap", "step_ms": 1.0}]}
     bad = profile.hidden_check(traces, x)
-    assert not bad.held and "0%" in bad.measured and bad.reason
+    assert not bad.held and bad.bound == "0.00–0.00" and checks.table([bad]).endswith("| **no** |")
     # within 20 points, yet far apart in ratio (as 4% against 20%): not agreement
     flat = {"naive": traces["naive"], "overlap": traces["naive"]}                  # nothing ran beside backward
     x10 = {"rows": [{"scheme": "naive", "step_ms": 1.0}, {"scheme": "overlap", "step_ms": 0.95}]}   # 10% saved
     ten = profile.hidden_check(flat, x10)
-    assert ten.measured == "hidden share 0% (traces) vs 10% (step times)" and not ten.held
-    assert ten.bound == "within 20 points and 2× of each other"
+    assert ten.measured == 0.0 and ten.bound == "0.05–0.20" and not ten.held
+    rows = profile.share_rows(traces)
+    assert len(rows) == 4 and rows[-1] == {"scheme": "overlap", "rank": 1, "collectives ms": pytest.approx(1.0),
+                                           "beside backward": pytest.approx(0.59)}
 
 
 @pytest.mark.engines

@@ -2,8 +2,7 @@
 correctness, memory and bytes per rank → results/ddp.json, results/ddp.png, docs/benchmarks/ddp.md."""
 from __future__ import annotations
 
-from kit import checks, env
-from kit.comm import costmodel
+from kit import checks
 from kit.ddp import lessons, memory, schemes
 
 SETTINGS = {
@@ -30,14 +29,8 @@ def bench(out_dir, quick: bool = False, tiny: bool = False, cluster=None):
 
 
 def summary(x: dict) -> str:
-    """The one-line summary of a run (the benchmark's last line): step times, then the lessons' checks."""
-    s, N = schemes.by_scheme(x), x["N"]
-    many, few = lessons.bucket_extremes(x)
-    ddp, fp16 = schemes.first(x, "ddp"), schemes.first(x, "ddp_fp16")
-    return (f"ddp: N={N} gloo engines, MLP K={x['K']:,} B in {x['tensors']} tensors; step ms: compute only "
-            f"{s['local']['step_ms']:.1f}, naive {s['naive']['step_ms']:.1f}, overlap {s['overlap']['step_ms']:.1f}, "
-            f"buckets {few['step_ms']:.1f} at {costmodel.human(int(few['scheme'].split(':')[1]))}, DDP "
-            f"{ddp['step_ms']:.1f}, DDP fp16 {fp16['step_ms']:.1f}, Horovod {s['horovod']['step_ms']:.1f}, ZeRO-1 "
-            f"{s['zero']['step_ms']:.1f}, FSDP2 {s['fsdp']['step_ms']:.1f}; peak state per rank (1/N = {1 / N:.3f}): "
-            f"ZeRO-1 {memory.peak_share(s['zero'], x['K']):.3f}, FSDP2 {memory.peak_share(s['fsdp'], x['K']):.3f}; "
-            f"checks {checks.summary_line(lessons.all_checks(x, env.cpu_cores()))}")
+    """The one-line summary of a run (the benchmark's last line): step times, peak shares, then the checks."""
+    steps = ", ".join(f"{r['scheme']} {r['step_ms']:.1f}" for r in x["rows"])
+    peaks = ", ".join(f"{r['scheme']} {memory.peak_share(r, x['K']):.3f}" for r in x["rows"] if memory.stage_of(r))
+    return (f"ddp: N={x['N']} gloo engines, MLP K={x['K']:,} B in {x['tensors']} tensors; step ms: {steps}; "
+            f"peak share of 3K: {peaks}; checks {checks.summary_line(lessons.all_checks(x))}")

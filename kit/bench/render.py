@@ -16,6 +16,7 @@ from pathlib import Path
 
 from kit.bench import BENCHES, GPU, LAB
 from kit.bench.pages import BLOCKS
+from kit.checks import fmt
 
 MARKER = re.compile(r"<!-- render (?P<key>[\w:.-]+) -->(?P<body>.*?)<!-- /render -->", re.S)
 README_LINE = 200            # a results line's head: clauses of the summary up to this many characters
@@ -39,7 +40,7 @@ def failed_checks(name: str, x: dict) -> list:
     """Return the checks of a run that did not hold (the benchmarks whose lessons are kit.checks values)."""
     if name == "ddp":
         from kit.ddp.lessons import all_checks
-        return [c for c in all_checks(x, x["machine"]["cpu_cores"]) if not c.held]
+        return [c for c in all_checks(x) if not c.held]
     if name == "ddp_lab":
         from kit.ddp.lab import claims
         return [c for c in claims(x["runs"][-1]) if not c.held]
@@ -56,7 +57,8 @@ def readme_line(name: str, x: dict) -> str:
     clauses = top_level_clauses(x["summary"])
     failed = failed_checks(name, x)
     where = f" at N = {x['runs'][-1]['N']}" if name == "ddp_lab" and failed else ""
-    tail = "".join(f"; **{c.name}** did not hold{where}: {c.reason.split('; ')[0]}" for c in failed)
+    tail = "".join(f"; **{c.name}** did not hold{where}: " + (c.reason.split("; ")[0] if c.reason else
+                   f"{fmt(c.measured, c.unit)} (bound {fmt(c.bound, c.unit)})") for c in failed)
     head = clauses[0].removeprefix(f"{name}: ").removeprefix(f"{name} ")
     for c in clauses[1:]:
         if "did not hold" in c or "FAILED" in c:

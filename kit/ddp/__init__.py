@@ -5,8 +5,8 @@ experiment on the engines (schemes), what each rank holds at its peak against Ze
 the exercises' graders (exercises). Its figures are
 kit.plots.ddp's and kit.plots.trace's."""
 from kit.ddp.schemes import (
-    CFG, all_schemes, by_scheme, experiment, first, make_model, batch, max_diff, reference, setup, table)
-from kit.ddp.horovod import horovod_note, horovod_timeline
+    CFG, all_schemes, by_scheme, experiment, first, make_model, batch, max_diff, md, reference, setup, table)
+from kit.ddp.horovod import horovod_rows, horovod_timeline, negotiation_rows
 from kit.ddp.memory import memory_table
 from kit import _lazy_submodules
 

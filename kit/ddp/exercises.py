@@ -1,7 +1,7 @@
 """Notebook 05's exercises graded without revealing the answer: each grader says correct, wrong (with what went
 wrong, measured) or not answered yet, and no visible cell computes what it compares against.
 
-    grade_buckets(my_calls)                    # exercise 1: allreduces per step of dp.Buckets at 512 KB (DDP's rule)
+    grade_buckets(my_calls)                    # exercise 1: allreduces per step of dp.Buckets at 600,000 B (DDP's rule)
     grade_zero2(my_held, my_sent)              # exercise 2: ZeRO-2's bytes held and sent per rank (N = 8)
     grade_hook(cluster, "MyBuckets")           # exercise 3: the learner's class, defined on the engines (%%px),
                                                # trains 3 steps; its weights against one process's SGD
@@ -22,7 +22,7 @@ TOL = 1e-5            # |Δw| of float32 sums in another order
 WRITE = ("_ready", "_launch", "finish")      # exercise 3: the methods of dp.Buckets the learner writes
 
 
-def grade_buckets(answer, bucket_bytes: int = 512 * 1024) -> str:
+def grade_buckets(answer, bucket_bytes: int = 600_000) -> str:
     """Exercise 1: the number of allreduces dp.Buckets makes per step for notebook 05's model at `bucket_bytes`."""
     if answer is None:
         return "exercise 1: not answered yet"

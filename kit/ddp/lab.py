@@ -4,6 +4,7 @@ one engine on each host of a kit.netlab lab, links shaped to `rate`, the bytes c
     x = experiment(cluster)       # on a gloo cluster whose engines sit on lab hosts (one per host)
     claims(x)                     # each lesson checked on the run: [kit.checks.Check]
     table(x)                      # step time and bytes on the wire per scheme against the ring model
+    rounds_rows(x), timeline_rows(x)    # the interleaved rounds and the median overlapped step, as table rows
     kit.plots.ddp.plot_overlap_step(x)  # the median overlapped step
 
 On loopback (section 4) nothing limits the bytes, so overlap and compression show little. Here the link does: a
@@ -30,7 +31,7 @@ from kit.ddp import schemes
 from kit.ddp.horovod import horovod_timeline
 from kit.ddp.memory import memory_checks
 from kit.comm import dp
-from kit.netlab.counters import HEADER_BYTES, within
+from kit.netlab.counters import within
 
 SCHEMES = ["local", "naive", "overlap", f"buckets:{4 << 20}", f"ddp:{schemes.DDP_BUCKET}",
            f"ddp_fp16:{schemes.DDP_BUCKET}", "horovod", "zero", "fsdp"]
@@ -151,94 +152,58 @@ def experiment(cluster, cfg: dict | None = None, names: list[str] | None = None,
 
 
 def claims(x: dict) -> list[Check]:
-    """Each lesson of section 8 checked on the run (kit.checks.Check): overlap, fp16, bytes, fsdp bytes, and the
-    memory checks of kit.ddp.memory when the run measured peaks."""
-    return [overlap_check(x), fp16_check(x), bytes_check(x), fsdp_bytes_check(x), *memory_checks(x)]
+    """Each lesson of section 8 checked on the run (kit.checks.Check): overlap (with real compute and with free
+    cores), fp16, bytes, fsdp bytes, and the memory checks of kit.ddp.memory when the run measured peaks."""
+    return [*overlap_checks(x), fp16_check(x), bytes_check(x), fsdp_bytes_check(x), *memory_checks(x)]
 
 
-def overlap_check(x: dict) -> Check:
-    """The overlapped step within OVERLAP_SLACK of max(compute, comm), read from the interleaved rounds."""
+def rounds_rows(x: dict) -> list[dict]:
+    """The interleaved rounds (`paired`): per kind the slowest rank's median ms and its range over the rounds; then
+    backward (compute − forward − step) and the best step any overlap can reach, forward + max(backward, comm) +
+    step."""
+    p = x["paired"]
+    out = [{"round": k, "median ms": v["ms"], "fastest": v["range"][0], "slowest": v["range"][1]} for k, v in p.items()]
+    bwd = p["local"]["ms"] - p["forward"]["ms"] - p["step"]["ms"]
+    best = p["forward"]["ms"] + max(bwd, p["comm"]["ms"]) + p["step"]["ms"]
+    return out + [{"round": k, "median ms": v, "fastest": "–", "slowest": "–"} for k, v in (("backward", bwd),
+                                                                                            ("best overlap", best))]
+
+
+def overlap_checks(x: dict) -> list[Check]:
+    """The overlapped step within OVERLAP_SLACK of max(compute, comm), and, with a sleep in each layer's backward
+    (free cores), at least half of what overlap could hide, min(backward, comm), hidden; from the interleaved
+    rounds."""
     p = {k: v["ms"] for k, v in x["paired"].items()}
-    local, fwd, opt, comm, naive, over = p["local"], p["forward"], p["step"], p["comm"], p["naive"], p["overlap"]
-    held = over <= (1 + OVERLAP_SLACK) * max(local, comm)
-    hidden, hidden_sleep = local + comm - over, p["local_sleep"] + comm - p["overlap_sleep"]
-    bwd = local - fwd - opt                  # only backward can overlap the allreduces: forward and the step cannot
-    best = fwd + max(bwd, comm) + opt
-    lo, hi = x["paired"]["comm"]["range"]
-    detail = (f"Compute alone {local:.1f} ms, the allreduces alone {comm:.1f} ms ({lo:.0f}–{hi:.0f} over the "
-              f"rounds), naive step {naive:.1f} ms. The forward pass ({fwd:.1f} ms) runs before any gradient exists "
-              f"and the optimizer's step ({opt:.1f} ms) after the last allreduce, so no step can beat forward + "
-              f"max(backward, comm) + step = {best:.1f} ms; the overlapped step took {over / best:.2f}× that, and "
-              + _hid(hidden, min(bwd, comm)) + ". " + _rounds_vs_table(x, p))
-    reason = ""
-    if not held:
-        could = min(p["local_sleep"] - fwd - opt, comm)
-        reason = (_hid(hidden, min(bwd, comm)) + f"; with a {1e3 * SLEEP_S:.0f} ms sleep added to each layer's "
-                  f"backward (a longer backward that leaves the cores free: {p['local_sleep']:.1f} ms alone) "
-                  + _hid(hidden_sleep, could)
-                  + (": here the cores, not the method, were missing; compute and the allreduces' threads share "
-                     "them" if hidden_sleep >= max(0.5 * could, hidden + 0.25 * could) else
-                     ": even with free cores it hid less than half, so the cores alone do not explain this run"
-                     if hidden_sleep > 0 else ""))
-    return Check("overlap", measured=f"overlapped step {over:.1f} ms = {over / max(local, comm):.2f}× max(compute, "
-                 "comm)", bound=f"≤ {1 + OVERLAP_SLACK:.2f}×", held=held, reason=reason, detail=detail)
-
-
-def _rounds_vs_table(x: dict, p: dict) -> str:
-    """Why the check's times differ from the table's: the rounds interleave their kinds, the table ran one scheme
-    after another (each kind's numbers from this run)."""
-    rows = schemes.by_scheme(x)
-    table = {k: rows[k]["step_ms"] for k in ("local", "naive", "overlap") if k in rows}
-    if len(table) < 3:
-        return ""
-    return (f"These times come from rounds that run compute alone, the allreduces alone, a naive and an overlapped "
-            f"step back to back, so each round compares them on the same machine; the table above ran each scheme's "
-            f"steps one scheme after another, at other moments, and gave compute alone {table['local']:.1f} ms, "
-            f"naive {table['naive']:.1f} and overlapped {table['overlap']:.1f} (here {p['local']:.1f}, "
-            f"{p['naive']:.1f}, {p['overlap']:.1f}): the difference is the spread between moments on a shared "
-            "machine, which the interleaving keeps out of the comparison")
+    ratio = p["overlap"] / max(p["local"], p["comm"])
+    could = min(p["local_sleep"] - p["forward"] - p["step"], p["comm"])
+    hid = (p["local_sleep"] + p["comm"] - p["overlap_sleep"]) / could
+    return [Check("overlap: overlapped / max(compute, comm)", ratio, f"≤ {1 + OVERLAP_SLACK:.2f}",
+                  ratio <= 1 + OVERLAP_SLACK),
+            Check("overlap, backward sleeping: share hidden", hid, "≥ 0.50", hid >= 0.5)]
 
 
 def fp16_check(x: dict) -> Check:
     """DDP's fp16 compress hook halves the bytes each NIC sends, within BYTES_TOL."""
-    ddp, fp16 = schemes.first(x, "ddp"), schemes.first(x, "ddp_fp16")
-    with_hook, without = float(np.mean(fp16["nic_tx"])), float(np.mean(ddp["nic_tx"]))
-    ratio = with_hook / without
-    held = abs(ratio - 0.5) <= BYTES_TOL * 0.5
-    return Check("fp16", measured=f"{ratio:.3f}× DDP's bytes on each NIC", bound=f"0.500 ± {BYTES_TOL * 0.5:.3f}",
-                 held=held, reason="" if held else f"each NIC sent {with_hook:,.0f} bytes per step with the hook "
-                 f"against {without:,.0f} without, not half",
-                 detail=f"Each NIC sent {with_hook:,.0f} bytes per step with the fp16 hook, {without:,.0f} without")
+    ratio = float(np.mean(schemes.first(x, "ddp_fp16")["nic_tx"])) / float(np.mean(schemes.first(x, "ddp")["nic_tx"]))
+    return Check("fp16 hook: NIC bytes / DDP's", ratio, f"0.500 ± {BYTES_TOL * 0.5:.3f}",
+                 abs(ratio - 0.5) <= BYTES_TOL * 0.5)
 
 
 def bytes_check(x: dict) -> Check:
     """Every allreduce scheme's (and ZeRO's) NIC payload within BYTES_TOL of the ring model (up to one MSS more for
-    each segment TCP resent)."""
+    each segment TCP resent); the row shows the scheme farthest from it."""
     ring = [r for r in x["rows"] if r["sent"] and r["scheme"] != "fsdp"]
     worst = max(ring, key=lambda r: abs(wire_ratio(r) - 1))
-    off = wire_ratio(worst) - 1
-    held = _within(worst, worst["sent"])
-    return Check("bytes", measured=f"the worst scheme ({worst['label']}) sent {1 + off:.3f}× the ring model",
-                 bound=f"1 ± {BYTES_TOL:.2f}", held=held, reason="" if held else
-                 f"{worst['label']}'s busiest NIC sent {_busiest(worst)[0]:,.0f} bytes of payload per step against "
-                 f"the ring model's {worst['sent']:,.0f}",
-                 detail=f"Every allreduce scheme's and ZeRO's NIC payload per step (its bytes less {HEADER_BYTES} "
-                 f"bytes of headers a packet) within {100 * abs(off):.1f}% of the ring model's 2(N−1)/N per "
-                 "allreduced byte")
+    return Check(f"NIC payload / ring model: {worst['label']}", wire_ratio(worst), f"1 ± {BYTES_TOL:.2f}",
+                 _within(worst, worst["sent"]))
 
 
 def fsdp_bytes_check(x: dict) -> Check:
     """FSDP2's NIC payload against the ring model with Gloo's reduce-scatter counted as the allreduce it is."""
     f = schemes.by_scheme(x)["fsdp"]
     gloo = gloo_bytes(f, x["N"])
-    ratio = _busiest(f)[0] / gloo
-    held = _within(f, gloo)
-    return Check("fsdp bytes", measured=f"{ratio:.3f}× the ring model with Gloo's reduce-scatter as an allreduce",
-                 bound=f"1 ± {BYTES_TOL:.2f}", held=held, reason="" if held else
-                 f"FSDP2's busiest NIC sent {_busiest(f)[0]:,.0f} bytes of payload per step against {gloo:,.0f}",
-                 detail=f"FSDP2 sent {wire_ratio(f):.2f}× the ring model's 3(N−1)/N·K: Gloo's reduce-scatter is an "
-                 "allreduce whose other chunks are dropped (pytorch/pytorch#118911), so its gradients cost "
-                 "2(N−1)/N·K, not (N−1)/N·K (NCCL's reduce-scatter is a real one)")
+    return Check("FSDP2: NIC payload / model (Gloo's reduce-scatter)", _busiest(f)[0] / gloo, f"1 ± {BYTES_TOL:.2f}",
+                 _within(f, gloo))
 
 
 def _busiest(row: dict) -> tuple[float, float]:
@@ -254,29 +219,17 @@ def _within(row: dict, model: float) -> bool:
     return within(sent, model, resent, BYTES_TOL)
 
 
-def _hid(ms: float, could: float) -> str:
-    if ms < 0:
-        return f"nothing was hidden (the overlapped step took {-ms:.1f} ms more than compute + comm)"
-    return f"the overlap hid {ms:.1f} of the {could:.1f} ms it could hide"
-
-
-def timeline_text(x: dict) -> str:
-    """What the median overlapped step's timeline shows (`timeline`), in a sentence from its numbers."""
+def timeline_rows(x: dict) -> list[dict]:
+    """The median overlapped step's timeline (`timeline`) in ms from its start: forward's and backward's ends, the
+    first allreduce's launch and completion, how many of the allreduces were done when backward ended, the last
+    one's completion, the step's end, and the allreduces' span (first launch to last sum) over their time alone."""
     t, comm = x["timeline"], x["paired"]["comm"]["ms"]
     ar = t["allreduces"]
-    first, last = ar[0], max(ar, key=lambda a: a["done"])
-    during = sum(a["done"] <= t["backward"] for a in ar)
-    span = last["done"] - first["launched"]
-    return (f"one overlapped step of rank {t['rank']} (of each step the slowest rank, the median step: {t['end']:.1f} "
-            f"ms): forward ended at {t['forward']:.1f} ms and backward at {t['backward']:.1f} ms, its hooks having "
-            f"launched all {len(ar)} allreduces; the first ({first['bytes']:,} bytes), launched at "
-            f"{first['launched']:.1f} ms, was done at {first['done']:.1f} ms, and {during} of the {len(ar)} were "
-            f"done before backward ended; the last was done at {last['done']:.1f} ms, and the step ended at "
-            f"{t['end']:.1f} ms. From the first launch to the last sum the allreduces took {span:.1f} ms beside the "
-            f"compute, {span / comm:.2f}× the {comm:.1f} ms they took alone (median of the rounds). These steps "
-            f"were timed in runs of their own, so this {t['end']:.1f} ms is a third measurement of the overlapped "
-            f"step, beside the table's {schemes.by_scheme(x)['overlap']['step_ms']:.1f} and the rounds' "
-            f"{x['paired']['overlap']['ms']:.1f}: their spread is the machine's from one moment to the next")
+    last = max(a["done"] for a in ar)
+    return [{"rank": t["rank"], "forward": t["forward"], "backward": t["backward"], "1st launched": ar[0]["launched"],
+             "1st done": ar[0]["done"], "done in backward": sum(a["done"] <= t["backward"] for a in ar),
+             "allreduces": len(ar), "last done": last, "step end": t["end"],
+             "span / alone": (last - ar[0]["launched"]) / comm}]
 
 
 def gloo_bytes(row: dict, N: int) -> float:
@@ -292,22 +245,19 @@ def wire_ratio(row: dict) -> float:
 
 
 def table(x: dict, loopback: dict | None = None) -> str:
-    """The markdown table of the lab run: step time, bytes on each NIC against the ring model; with `loopback`
-    (notebook 05's section 4 run on one host), a line on the two runs' compute alone."""
+    """The Markdown table of the lab run: step time, bytes on each NIC against the ring model; the overlap scheme's
+    allreduces alone; with `loopback` (section 4's run on one host), its compute alone."""
     out = [f"| scheme (N = {x['N']}, {x.get('rate') or 'lab'}) | step ms | collectives / step | NIC sent per host "
            "per step | ring model | payload / model |", "|---|---:|---:|---:|---:|---:|"]
     for r in x["rows"]:
         ratio = f"{wire_ratio(r):.3f}" if r["sent"] else "–"
         out.append(f"| {r['label']} | {r['step_ms']:.1f} | {schemes.calls_cell(r)} | {max(r['nic_tx']):,.0f} | "
                    f"{r['sent']:,.0f} | {ratio} |")
-    out.append(f"| the overlap scheme's allreduces alone (no compute) | {x['paired']['comm']['ms']:.1f} | "
+    out.append(f"| the overlap scheme's allreduces alone | {x['paired']['comm']['ms']:.1f} | "
                f"{schemes.by_scheme(x)['overlap']['calls']} | – | – | – |")
     if loopback and "local" in schemes.by_scheme(loopback):
-        here, there = schemes.by_scheme(x)["local"]["step_ms"], schemes.by_scheme(loopback)["local"]["step_ms"]
-        out.append(f"\nCompute alone took {here:.1f} ms a step here and {there:.1f} ms in section 4 on loopback "
-                   f"({here / there:.1f}×): the same model, batch and framework threads, and no message in either. "
-                   f"{x['N']} engines computing at once on this machine's shared cores run at the pace the "
-                   "scheduler gives them, which moves from one moment to the next; the rounds below time it again.")
+        out.append(f"| compute only, on loopback (section 4) | {schemes.by_scheme(loopback)['local']['step_ms']:.1f} "
+                   "| 0 | – | – | – |")
     return "\n".join(out)
 
 

@@ -7,7 +7,8 @@
 The schemes: `local` (no communication: the compute alone), the learner's `naive`, `overlap` and `buckets:<bytes>`
 (kit.comm.dp), `ddp:<bytes>` (torch's DistributedDataParallel, bucket_cap_mb) and `ddp_fp16:<bytes>` (with the
 fp16 compress comm hook), `horovod` (Horovod's DistributedOptimizer: its tensor fusion and cycle time, at the
-engines' Horovod settings), `zero` (kit.comm.dp.ZeroSGD) and `fsdp` (FSDP2, torch.distributed.fsdp.fully_shard).
+engines' Horovod settings), `zero` and `zero:<bytes>` (kit.comm.dp.ZeroSGD; its ring's pieces of 4 MiB, or of
+<bytes>) and `fsdp` (FSDP2, torch.distributed.fsdp.fully_shard).
 Each starts from the same seeded MLP and trains on its rank's slice of the same global batches; its final weights
 are compared with one process training on the N× batch.
 """
@@ -24,6 +25,7 @@ from kit.netlab.counters import counters, payload
 CFG = dict(sizes=(256, 384, 384, 384, 384, 384, 384, 10), batch=64, lr=0.01, momentum=0.9, seed=0, warmup=2, reps=10)
 BUCKETS = (16 << 10, 256 << 10, 1 << 20, 4 << 20)      # the bucket-size sweep (bytes)
 DDP_BUCKET = 1 << 20                                   # bucket_cap_mb for DDP, in bytes
+SMALL_PIECE = 64 << 10                                 # ZeRO-1's ring pieces in its second row (bytes)
 # max |w - w_ref| allowed after warmup + reps steps. float32 sums in another order differ by ~1e-7 per step; with
 # lr = 0.01 that stayed below 1e-6 over 32 steps (with lr = 0.05 it grew to 2e-5). The fp16 hook rounds
 # every gradient to float16 (~5e-4 relative), far above that.
@@ -32,20 +34,30 @@ TOL_FLOAT32 = 1e-5
 LABELS = {"local": "compute only (no communication)", "naive": "naive: one allreduce per gradient",
           "overlap": "overlap: async, wait before step", "buckets": "buckets", "ddp": "DDP",
           "ddp_fp16": "DDP + fp16 compress hook", "horovod": "Horovod DistributedOptimizer (tensor fusion)",
-          "zero": "ZeRO-1 (reduce-scatter, all-gather)",
+          "zero": "ZeRO-1 (reduce-scatter, all-gather)", "zero:": "ZeRO-1, ring pieces of",
           "fsdp": "FSDP2 fully_shard"}
 
 
-def all_schemes(buckets=BUCKETS, ddp_bucket=DDP_BUCKET) -> list[str]:
+def all_schemes(buckets=BUCKETS, ddp_bucket=DDP_BUCKET, piece=SMALL_PIECE) -> list[str]:
     """The schemes of one experiment, in the order they run and are shown."""
     return ["local", "naive", "overlap", *[f"buckets:{b}" for b in buckets], f"ddp:{ddp_bucket}",
-            f"ddp_fp16:{ddp_bucket}", "horovod", "zero", "fsdp"]
+            f"ddp_fp16:{ddp_bucket}", "horovod", "zero", f"zero:{piece}", "fsdp"]
 
 
 def label(scheme: str) -> str:
     """Return a scheme's name as the tables and figures write it."""
-    kind, _, arg = scheme.partition(":")
-    return LABELS[kind] + (f" {costmodel.human(int(arg))}" if arg else "")
+    kind, colon, arg = scheme.partition(":")
+    return LABELS[kind + colon * (kind == "zero")] + (f" {costmodel.human(int(arg))}" if arg else "")
+
+
+def md(rows: list[dict]) -> str:
+    """A list of dicts with the same keys as a Markdown table, one row each (numbers as kit.checks.fmt writes them)."""
+    from kit.checks import fmt
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    return "\n".join(["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys),
+                      *("| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows)])
 
 
 # ----------------------------------------------------------------------------------- on every engine
@@ -128,7 +140,8 @@ def setup(scheme: str, model, cfg):
         return model, hvd.DistributedOptimizer(sgd(model.parameters(), cfg),
                                                named_parameters=model.named_parameters()), finish
     elif kind == "zero":
-        return model, dp.ZeroSGD(model.parameters(), cfg["lr"], cfg["momentum"]), finish
+        piece = {"piece_bytes": int(arg)} if arg else {}
+        return model, dp.ZeroSGD(model.parameters(), cfg["lr"], cfg["momentum"], **piece), finish
     elif kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
         for layer in model:

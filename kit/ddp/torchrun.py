@@ -4,7 +4,7 @@ h1; a host cut mid-run ends in torchrun's elastic restart on the others (resumed
     run = kit.ddp.torchrun.run_on_lab(lab, steps=40)                        # 3 hosts, 3 nodes, one rank each
     run = kit.ddp.torchrun.run_on_lab(lab, steps=40, cut="h3", cut_after=10)  # --nnodes=2:3: carry on with 2
     run["events"]          # rank 0's log: per step its world size, torchrun's restart count, the loss
-    c = kit.ddp.torchrun.run_check(run, kit.ddp.torchrun.claims(run, lab))   # the verdict as a kit.checks.Check
+    kit.checks.show(kit.ddp.torchrun.claims(run, lab))   # the section's checks; check(run, lab) raises on a miss
 
 The training (`python -m kit.ddp.torchrun`, what torchrun starts on each node) is notebook 05's MLP under
 `DistributedDataParallel` over Gloo (kit.ddp.schemes' model and batches), with a checkpoint on the shared file system
@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from kit.checks import Check
+from kit.checks import Check, table
 
 PORT = 29400                    # the c10d store, on h1 (inside its namespace)
 RDZV_CONF = "join_timeout=60,last_call_timeout=2,read_timeout=10"
@@ -109,64 +109,40 @@ def summarize(run: dict) -> dict:
             "final_loss": steps[-1]["loss"] if steps else None}
 
 
-def claims(run: dict, lab=None) -> list[str]:
-    """Return each claim of notebook 05's torchrun section that `run` (from `run_on_lab`) breaks, one sentence each
-    ([] when the lesson holds). Every run: the hosts that were not cut ended with exit code 0, rank 0 (which logs)
-    sat on h1, the rendezvous host, and the job trained every step and ended. Without a cut: one world of every
-    host, no restart. With a cut: the world went from every host to one fewer, through at least one restart, and
-    the first restart resumed from the last checkpoint (a multiple of `ckpt_every`, from the cut's step to one
-    interval on: rank 0 polls its log and the survivors train until their allreduce times out). With `lab` (the
-    run's, still up): no process of the job is left on its hosts."""
-    bad, s, n = [], summarize(run), run["nnodes"]
-    if lab is not None:
-        if left := lab.jobs_left():
-            bad.append(f"the job left processes on the lab's hosts: {left}")
-    kept = [h for h in run["exit"] if h != run["cut"]]
-    if any(run["exit"][h] != 0 for h in kept):
-        bad.append(f"exit codes {run['exit']}: every host but the cut one should end with 0")
-    if {e.get("host") for e in run["events"]} - {"h1"}:
-        bad.append(f"rank 0 logged from {sorted({e.get('host') for e in run['events']})}, not only h1")
-    if not s["finished"] or s["last_step"] != run["steps"]:
-        bad.append(f"last step {s['last_step']} of {run['steps']}, ended: {s['finished']}")
-    if run["cut"] is None:
-        if s["world_sizes"] != [n] or s["restarts"] != 0:
-            bad.append(f"world sizes {s['world_sizes']} with {s['restarts']} restart(s), not [{n}] with none")
-    else:
-        if s["world_sizes"] != [n, n - 1] or s["restarts"] < 1:
-            bad.append(f"world sizes {s['world_sizes']} with {s['restarts']} restart(s), not {[n, n - 1]} "
-                       "through a restart")
-        every, at = run["ckpt_every"], run["cut_after"]
+def claims(run: dict, lab=None) -> list[Check]:
+    """Notebook 05's torchrun section checked on `run` (from `run_on_lab`): the hosts that were not cut ended with
+    exit code 0, rank 0 (which logs) sat on h1, the rendezvous host, and the job trained every step. Without a cut:
+    one world of every host, no restart. With a cut: the world went from every host to one fewer, through at least
+    one restart, and the first restart resumed from the last checkpoint (a multiple of `ckpt_every`, from the cut's
+    step to one interval on: rank 0 polls its log and the survivors train until their allreduce times out). With
+    `lab` (the run's, still up): no process of the job is left on its hosts."""
+    s, n, every, at = summarize(run), run["nnodes"], run["ckpt_every"], run["cut_after"]
+    kept = [code for h, code in run["exit"].items() if h != run["cut"]]
+    sizes, want = " → ".join(map(str, s["world_sizes"])), " → ".join(map(str, [n, n - 1] if run["cut"] else [n]))
+    rank0 = sorted({e.get("host") for e in run["events"]})
+    out = [Check("hosts kept, nonzero exit codes", sum(c != 0 for c in kept), 0, all(c == 0 for c in kept)),
+           Check("rank 0's host", ", ".join(map(str, rank0)), "h1", rank0 == ["h1"]),
+           Check("last step trained", s["last_step"] if s["finished"] else "not ended", run["steps"],
+                 s["finished"] and s["last_step"] == run["steps"]),
+           Check("world sizes", sizes, want, sizes == want),
+           Check("restarts", s["restarts"], "≥ 1" if run["cut"] else 0,
+                 s["restarts"] >= 1 if run["cut"] else s["restarts"] == 0)]
+    if run["cut"]:
         first = s["resumed_from"][0] if s["resumed_from"] else None
-        if first is None or first % every or not at <= first <= at + every:
-            bad.append(f"the first restart resumed from step {first}, not the last checkpoint (a multiple of "
-                       f"{every} from {at}, the cut's step, to {at + every})")
-    return bad
+        out.append(Check("first restart resumed from step", "none" if first is None else first,
+                         f"a multiple of {every} in {at}–{at + every}",
+                         first is not None and first % every == 0 and at <= first <= at + every))
+    if lab is not None:
+        left = lab.jobs_left()
+        out.append(Check("processes left on the hosts", sum(len(p) for p in left.values()), 0, not left))
+    return out
 
 
 def check(run: dict, lab=None) -> None:
-    """Raise AssertionError naming each claim of the section that `run` breaks (see claims), one a line."""
-    if bad := claims(run, lab):
-        raise AssertionError(f"{CONTRADICTS}\n- " + "\n- ".join(bad))
-
-
-def run_check(run: dict, broken: list[str]) -> Check:
-    """Return the section's verdict on `run` as a Check: its world sizes, restarts, resumed and last steps against
-    the lesson (the cut host lost, the others restarted from the last checkpoint and finished); `broken` is
-    claims(run, lab), the claims the run breaks ([] when it held), joined by "; " as the reason."""
-    s, kept = summarize(run), [h for h in run["exit"] if h != run["cut"]]
-    hosts = " and ".join([", ".join(kept[:-1]), kept[-1]]) if len(kept) > 1 else "".join(kept)
-    measured = (f"world sizes {' → '.join(map(str, s['world_sizes']))}, {s['restarts']} restart(s), resumed from "
-                f"step {', '.join(map(str, s['resumed_from'])) or '—'}, last step {s['last_step']} of {run['steps']}")
-    bound = (f"the job loses {run['cut']}, restarts on {hosts} from its last checkpoint and finishes" if run["cut"]
-             else f"one world of {hosts}, no restart, every step trained")
-    return Check("torchrun", measured=measured, bound=bound, held=not broken, reason="; ".join(broken))
-
-
-def h1_output(run: dict, held: bool, chars: int = 3000) -> str:
-    """Return "" when the run held; else torchrun's own output on h1 (its last `chars`) as a Markdown code block."""
-    if held:
-        return ""
-    return f"\n\ntorchrun's own output on h1 (the end):\n\n```\n{run['outputs']['h1'][-chars:]}\n```"
+    """Raise AssertionError with the table of the section's checks (see claims) when one of them does not hold."""
+    found = claims(run, lab)
+    if not all(c.held for c in found):
+        raise AssertionError(f"{CONTRADICTS}\n{table(found)}")
 
 
 # ------------------------------------------------------------------------------- what torchrun runs on each node
