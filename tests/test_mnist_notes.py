@@ -20,7 +20,7 @@ def test_the_scaling_rule_holds_within_two_points_and_fails_beyond():
 
 def test_the_run_and_the_seeds_hold_and_fail():
     this, seeds = accuracy.run_checks(RUN, SEEDS)
-    assert this.held and seeds.held and this.bound == "≥ 86.0%"
+    assert this.held and seeds.held and this.bound == "≥ 86.00%"
     low = accuracy.run_checks(dict(RUN, acc_n=0.855), BEHIND)
     assert [c.held for c in low] == [False, False]
     assert accuracy.run_checks(RUN, None) == []

@@ -59,8 +59,7 @@ def median_gap(a2: list[float], a1: list[float]) -> float:
 
 def _median_check(name: str, a2: list[float], a1: list[float]) -> Check:
     """Return whether the median of `a2` (accuracies) reaches the lowest of `a1` (within one's range or above)."""
-    return Check(name, round(100 * float(np.median(a2)), 2), f"≥ {100 * min(a1):.2f}%", float(np.median(a2)) >= min(a1),
-                 unit="%")
+    return Check(name, f"{100 * float(np.median(a2)):.2f}%", f"≥ {100 * min(a1):.2f}%", float(np.median(a2)) >= min(a1))
 
 
 def seeds_checks(seeds: dict, epochs: int) -> list[Check]:
@@ -71,8 +70,8 @@ def seeds_checks(seeds: dict, epochs: int) -> list[Check]:
     out = [_median_check(f"{epochs} epochs: 2 workers' median vs one process's lowest", a2, a1)]
     if ac:
         med = float(np.median(ac))
-        out.append(Check(f"{epochs} epochs: control's median within the workers' range", round(100 * med, 2),
-                         f"{100 * min(a2):.2f}–{100 * max(a2):.2f}%", min(a2) <= med <= max(a2), unit="%"))
+        out.append(Check(f"{epochs} epochs: control's median within the workers' range", f"{100 * med:.2f}%",
+                         f"{100 * min(a2):.2f}–{100 * max(a2):.2f}%", min(a2) <= med <= max(a2)))
     return out
 
 
@@ -102,8 +101,8 @@ def run_checks(run: dict, spread: dict | None) -> list[Check]:
         return []
     n, a1 = run["workers"], spread["1_process"]
     floor = min(min(a1), run["acc_1"])
-    out = [Check(f"this run: {n} workers vs one process's lowest", round(100 * run["acc_n"], 1),
-                 f"≥ {100 * floor:.1f}%", bool(run["acc_n"] >= floor), unit="%")]
+    out = [Check(f"this run: {n} workers vs one process's lowest", f"{100 * run['acc_n']:.2f}%",
+                 f"≥ {100 * floor:.2f}%", bool(run["acc_n"] >= floor))]
     out += seeds_checks(spread, run["epochs"])
     if spread.get("long"):
         out += seeds_checks(spread["long"], spread["long"]["epochs"])[:1]
