@@ -19,12 +19,15 @@ takes it next is refused by the next check, never used.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 import time
 
 
@@ -315,3 +318,37 @@ def _remove_root_if_empty(path: str):
             os.rmdir(path)
         except OSError:
             pass
+
+
+# ----------------------------------------------------------------------------------- ending with the process
+_ENDERS: list = []          # what stops this process's clusters and labs (kit.cluster.live, kit.netlab.lab)
+_PREVIOUS: dict = {}        # signal -> the handler that was there before ours
+
+
+def end_with_process(stop) -> bool:
+    """Call `stop()` when this process is ended by SIGTERM or SIGHUP, as atexit does at a normal exit (Jupyter's
+    shutdown escalation, `timeout` and Slurm's job end send SIGTERM), then the handler that was there before: the
+    default one ends the process by that signal again. A signal this process ignores (nohup) stays ignored. Returns
+    whether the handlers are in place (only the main thread can install them; elsewhere atexit alone stops)."""
+    if stop not in _ENDERS:
+        _ENDERS.append(stop)
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        current = signal.getsignal(sig)
+        if current is not _on_signal and current is not signal.SIG_IGN:
+            _PREVIOUS[sig] = current
+            signal.signal(sig, _on_signal)
+    return True
+
+
+def _on_signal(signum, frame):
+    for stop in list(_ENDERS):
+        with contextlib.suppress(Exception):
+            stop()
+    previous = _PREVIOUS.get(signum)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous != signal.SIG_IGN:          # the default (or a handler set outside Python): end as it would
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

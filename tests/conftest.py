@@ -334,6 +334,37 @@ def pytest_xdist_make_scheduler(config, log):
 
 # ------------------------------------------------------------------ nothing left in the system temp dir
 _TMP_BEFORE: set[str] = set()
+# Every process the suite starts writes in its private TMPDIR (above); what would escape it into the system temp dir
+# has one of the names the kit or its tools use there. Only those names are counted, so a file another job or user
+# writes there meanwhile (tmp*.json, say) cannot fail the run.
+SUITE_NAMES = ("kit-*", "kitlab*", "__autograph_generated_file*", "torchinductor_*", "triton*", "prte.*", "ompi.*",
+               "pymp-*", "matplotlib-*", "ipyparallel*", "jupyter*", "horovod*", "scoped_dir*", ".org.chromium.*")
+
+
+def left_by_suite(before: set[str], now: set[str], session_tmp: str = "") -> list[str]:
+    """Return the names new in the system temp dir since `before` that the suite could have made (SUITE_NAMES) and
+    this user owns, its own session folder aside."""
+    import fnmatch
+    return sorted(n for n in now - before if any(fnmatch.fnmatchcase(n, p) for p in SUITE_NAMES)
+                  and n != os.path.basename(session_tmp) and _mine(n) and not _in_use(n))
+
+
+def _in_use(name: str) -> bool:
+    """Whether `name` belongs to another live process of this user: another suite's session folder
+    (kit-test-session-PID-…), or a kit-scratch root whose folders all have a live owner (kit.scratch names them
+    KIND-PID-START-…; this session's processes have ended by now)."""
+    from kit import scratch
+    if name.startswith("kit-test-session-"):
+        pid = name.split("-")[3]
+        return pid.isdigit() and int(pid) != os.getpid() and psutil.pid_exists(int(pid))
+    if name.startswith("kit-scratch-"):
+        try:
+            inside = os.listdir(os.path.join(SYSTEM_TMP, name))
+        except OSError:
+            return False
+        return bool(inside) and not any(scratch._dead_owner(f) or f.count("-") < 3
+                                        or f.rsplit("-", 3)[1] == str(os.getpid()) for f in inside)
+    return False
 
 
 def pytest_sessionstart(session):
@@ -362,11 +393,8 @@ def _stray_processes(grace: float = 10) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    """Remove the session's temp dir; fail the run if the system temp dir holds anything new of this user's
-    (listed by name).
-
-    Another program of the same user writing to the same temp dir meanwhile shows up here too: run the check alone
-    (CI does), or set KIT_SKIP_TMP_CHECK=1 on a shared machine."""
+    """Remove the session's temp dir; fail the run if the system temp dir holds anything new of this user's with a
+    name the kit or its tools use (left_by_suite; listed by name). KIT_SKIP_TMP_CHECK=1 turns the check off."""
     if XDIST_WORKER:
         return
     stray = _stray_processes()
@@ -379,8 +407,7 @@ def pytest_sessionfinish(session, exitstatus):
     session.config.get_terminal_writer().line(f"\nremoved the suite's temp dir ({left} entries left in it)")
     if os.environ.get("KIT_SKIP_TMP_CHECK") or not _TMP_BEFORE:
         return
-    new = sorted(n for n in set(os.listdir(SYSTEM_TMP)) - _TMP_BEFORE
-                 if not n.startswith("pytest-of-") and os.path.join(SYSTEM_TMP, n) != SESSION_TMP and _mine(n))
+    new = left_by_suite(_TMP_BEFORE, set(os.listdir(SYSTEM_TMP)), SESSION_TMP)
     if new:
         session.config.get_terminal_writer().line(
             f"\nleft in {SYSTEM_TMP} by the test suite ({len(new)}): " + ", ".join(new[:40]), red=True)

@@ -79,7 +79,8 @@ def test_start_takes_its_settings_by_name_only_and_lists_each_once():
     sig = inspect.signature(kc.start)
     assert [p.name for p in sig.parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD] == ["n", "backend"]
     keyword = [p.name for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY]
-    assert keyword == ["timeout", "devices", "share_gpus", "threads", "mpiexec", "hosts", "slurm", "ip", "quiet"]
+    assert keyword == ["timeout", "devices", "share_gpus", "threads", "mpiexec", "hosts", "slurm", "ip", "quiet",
+                       "oversubscribe", "allow_all_interfaces"]
     assert not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
     doc = kc.start.__doc__
     for name in ["n", "backend", *keyword]:

@@ -40,13 +40,14 @@ def machine() -> dict:
             "versions": sysinfo.versions(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False) -> str:
-    """Run one benchmark, write out_dir/NAME.json, return its summary line."""
+def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False, mkdir: bool = True) -> str:
+    """Run one benchmark, write out_dir/NAME.json, return its summary line (mkdir: make out_dir's missing
+    parents too; else only out_dir itself, in a folder that exists)."""
     module, func = BENCHES[name].split(":")
     bench = getattr(import_module(module), func)
     if tiny and "tiny" not in inspect.signature(bench).parameters:
         raise ValueError(f"benchmark {name!r} has no --tiny setting: run it with --quick")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=mkdir, exist_ok=True)
     say(f"{name}: {'tiny' if tiny else 'quick' if quick else 'full'} run")
     t0 = time.time()
     result, summary = bench(out_dir, quick, tiny=True) if tiny else bench(out_dir, quick)
@@ -75,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("name", help=f"one of {', '.join(BENCHES)}; all (every benchmark this machine can run); render")
     p.add_argument("--quick", action="store_true", help="fewer repeats/sizes (a smoke run, not for the docs)")
     p.add_argument("--tiny", action="store_true", help="smallest settings: a smoke run (the benchmarks that have one)")
-    p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/)")
+    p.add_argument("--out", type=Path, default=Path("results"), help="output folder (default: results/), in a "
+                                                                      "folder that exists unless --mkdir")
+    p.add_argument("--mkdir", action="store_true", help="make --out's missing parent folders")
     return p
 
 
@@ -90,6 +93,8 @@ def _check_args(p: argparse.ArgumentParser, a) -> None:
         p.error(f"--tiny: benchmark {a.name!r} has no tiny setting (those with one: {with_tiny}); run it with --quick")
     if a.out.exists() and not a.out.is_dir():
         p.error(f"--out: {str(a.out)!r} is a file, not a folder")
+    if not a.out.parent.is_dir() and not a.mkdir:
+        p.error(f"--out: {str(a.out)!r} is in {str(a.out.parent)!r}, which is not a folder: give --mkdir to make it")
 
 
 def main(argv=None):
@@ -114,7 +119,7 @@ def main(argv=None):
         for name in [n for n in names if not has_tiny(n)]:
             print(f"kit.bench: skipping {name!r} (no tiny setting)")
             names.remove(name)
-    summaries = [run(n, a.out, a.quick, a.tiny) for n in names]
+    summaries = [run(n, a.out, a.quick, a.tiny, mkdir=a.mkdir) for n in names]
     for s in summaries:
         print(s)
 

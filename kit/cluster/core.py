@@ -13,13 +13,14 @@ Arguments are checked in ``kit.cluster.checks``; a stopped or broken cluster ref
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 
 from kit import env, scratch, sysinfo
 from kit.cluster import engines, guard, launchers, live, remote, stall
 from kit.cluster import slurm as kit_slurm
-from kit.cluster.checks import Hosts, check_start
+from kit.cluster.checks import ArgumentError, Hosts, check_local_ip, check_start
 from kit.cluster.devices import plan_devices, threads_per_engine
 from kit.cluster.engines import engine_env
 from kit.cluster.guard import ClusterStoppedError, StallError
@@ -27,6 +28,12 @@ from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, assign_slo
 
 BACKENDS = tuple(LAUNCHERS)
 DEFAULT_TIMEOUT = 60.0
+START_FLOOR = 120.0    # s: a whole start may take max(START_FLOOR, 2 x timeout) (engines importing frameworks)
+
+
+def start_limit(timeout: float) -> float:
+    """Return the seconds a whole start may take (controller, engines, set-up, Horovod's check) for `timeout`."""
+    return max(START_FLOOR, 2 * timeout)
 
 
 class Cluster(guard.Refusing):
@@ -34,9 +41,11 @@ class Cluster(guard.Refusing):
 
     def __init__(self, n: int = 2, backend: str = "gloo", *, timeout: float = DEFAULT_TIMEOUT, devices: str = "auto",
                  share_gpus: bool = False, threads: int | None = None, mpiexec: str | None = None,
-                 hosts: str | list[str] | Hosts | None = None, slurm=None, ip: str = LOCALHOST, quiet: bool = False):
+                 hosts: str | list[str] | Hosts | None = None, slurm=None, ip: str = LOCALHOST, quiet: bool = False,
+                 oversubscribe: bool = False, allow_all_interfaces: bool = False):
         a = check_start(n=n, backend=backend, timeout=timeout, devices=devices, share_gpus=share_gpus,
                         threads=threads, mpiexec=mpiexec, hosts=hosts, slurm=slurm, ip=ip, quiet=quiet,
+                        oversubscribe=oversubscribe, allow_all_interfaces=allow_all_interfaces,
                         backends=tuple(LAUNCHERS))   # LAUNCHERS: a new way is one entry
         n, ip, mpiexec = a["n"], a["ip"], a["mpiexec"]
         if a["hosts"] is None and slurm is None:
@@ -45,6 +54,7 @@ class Cluster(guard.Refusing):
             how, where = (remote, a["hosts"]) if slurm is None else (kit_slurm, slurm)
             self.hosts, ip, self.launcher = how.launcher_for(backend, where, n, ip, mpiexec)
         self.launcher.check()
+        check_local_ip(ip)    # servers listen on it (after the launcher's own checks: they name unreachable hosts)
         if not self.hosts:  # all n engines on this host: fail before starting anything
             plan_devices(sysinfo.visible_gpus(), n, devices, share_gpus)
         self.n, self.backend, self.timeout = n, backend, a["timeout"]
@@ -61,6 +71,7 @@ class Cluster(guard.Refusing):
         self._stop_w, self._ctl_w, self._before = None, None, {}    # _before: pid -> start ticks before the start
         self._state, self.started_at, self._stopped_at = "new", "", ""   # new, starting, running, stopped
         self._controller: tuple[int, str] | None = None     # (pid, when it died) once the controller is gone
+        self._deadline: float | None = None   # while starting: time.monotonic() by which the start must be done
         self._pending, self.from_cell = guard.Pending(), False   # from_cell: started by a cell's own call (live)
 
     # -- public API
@@ -84,11 +95,16 @@ class Cluster(guard.Refusing):
     def rank_of(self, eid: int) -> int:
         """Return the Horovod rank of engine `eid`."""
         self._usable()
+        if isinstance(eid, bool) or eid not in self.slots:
+            raise ArgumentError(f"cluster.rank_of: eid={eid!r} is not allowed: one of the engine ids "
+                                f"{sorted(self.slots)}")
         return self.slots[eid].rank
 
     def engine_of(self, rank: int) -> int:
         """Return the engine id holding `rank`."""
         self._usable()
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.n:
+            raise ArgumentError(f"cluster.engine_of: rank={rank!r} is not allowed: a rank from 0 to {self.n - 1}")
         return next(e for e, s in self.slots.items() if s.rank == rank)
 
     def start(self) -> "Cluster":
@@ -147,8 +163,16 @@ class Cluster(guard.Refusing):
         """Return an AsyncResult's value; if an engine died (or its host is cut off), raise RankDiedError naming it;
         if a rank never joined a collective the others wait in, StallError naming it (after `self.timeout`); if the
         controller died, ControllerDiedError."""
+        from ipyparallel import AsyncResult
         from ipyparallel.error import EngineError, RemoteError   # RemoteError: also CompositeError (a view)
         self._usable()
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not math.isfinite(timeout) or timeout < 0):
+            raise ArgumentError(f"cluster.wait: timeout={timeout!r} is not allowed: None (wait until it is done) "
+                                "or a finite number of seconds >= 0")
+        if not isinstance(async_result, AsyncResult) or async_result._client is not self._client:
+            raise ArgumentError(f"cluster.wait: async_result={async_result!r:.60} is not allowed: an AsyncResult of "
+                                "this cluster (what its view's apply_async or execute returns)")
         deadline = None if timeout is None else time.time() + timeout
         while not async_result.ready() and (deadline is None or time.time() < deadline):
             if self._controller is not None:
@@ -212,6 +236,8 @@ class Cluster(guard.Refusing):
         self._before = engines.descendants()
         live.add(self)
         t0 = time.time()
+        limit = start_limit(self.timeout)
+        self._deadline = time.monotonic() + limit
         try:
             self._dir = scratch.make("cluster")   # profile, engines' TMPDIR, stall watch: removed on stop
             self._profile = os.path.join(self._dir, "profile")
@@ -219,24 +245,43 @@ class Cluster(guard.Refusing):
                                     engine_timeout=int(max(60, self.timeout)), log_level=40, parent=None,
                                     controller_args=launchers.HEARTBEAT)
             self.launcher.configure(self._ipp)
+            launchers.bound(self._ipp, self._deadline)     # no engine started after the deadline
             launchers.set_environment(self._ipp.config, os.path.join(self._dir, "tmp"))
             self._ipp.start_cluster_sync(n=self.n)
             self._watch_controller()
             self._client = guard.guard_client(self._ipp.connect_client_sync(), self)
             stall.forward_interrupts(self._client, lambda: self._watch)   # %%px's stop button: kit.cluster.stall
-            self.launcher.wait_for_engines(self._client, self.n, timeout=max(60, self.timeout))
+            self.launcher.wait_for_engines(self._client, self.n, timeout=self._left())
             self._setup_engines()
             self._procs, self._outputs = self._new_processes(), engines.output_files(self._ipp)
             self._watch_engines()
             self._state = "running"
             self._check_horovod()
             self._watch = stall.Watch(os.path.join(self._dir, "stall"), self.n, self.timeout)
-        except BaseException:
+            self._deadline = None
+        except BaseException as e:
+            up, late = self._registered(), self._deadline is not None and time.monotonic() >= self._deadline - 0.5
+            self._deadline = None
             self.stop()
+            if late:
+                raise ClusterError(f"kit.cluster.start: {up} of {self.n} engines were up after {limit:.0f} s, the "
+                                   "limit of a whole start (max(120, 2 x timeout) s); everything it started is "
+                                   "stopped. Start fewer engines, or give a longer timeout=") from e
             raise
         if not self.quiet:
             print(self._summary(time.time() - t0))
         return self
+
+    def _left(self) -> float:
+        """Return the seconds left of a start's limit (at least 0.1: a step then fails at once)."""
+        return self.timeout if self._deadline is None else max(0.1, self._deadline - time.monotonic())
+
+    def _registered(self) -> int:
+        """Return how many engines have registered with the controller (0 before a client connects)."""
+        try:
+            return len(self._client.ids) if self._client is not None else 0
+        except Exception:
+            return 0
 
     def _shutdown(self, err: ClusterError):
         """Stop every process and server of the current job (stop, and restart before it starts again); results
@@ -264,7 +309,7 @@ class Cluster(guard.Refusing):
     def _setup_engines(self):
         ids = sorted(self._client.ids)
         info = dict(zip(ids, self.answers(self._client[ids].apply_async(engines.engine_identity),
-                                          "start (who each engine is)", max(60, self.timeout))))
+                                          "start (who each engine is)", self._left())))
         ids = self.launcher.rank_order(info)
         self.slots = assign_slots({e: info[e]["host"] for e in ids})
         self.launcher.check_slots(self.slots, info)
@@ -280,7 +325,7 @@ class Cluster(guard.Refusing):
         for e, extra in self.launcher.job_env(self.slots).items():
             envs[e].update(extra)
         for e, p in [(e, self._client[e].apply_async(engines.engine_setup, envs[e])) for e in ids]:
-            self.answers(p, f"start (engine {e}'s environment)", self.timeout)
+            self.answers(p, f"start (engine {e}'s environment)", min(self.timeout, self._left()))
         self._view = guard.guard_view(self._client[[self.engine_of(r) for r in range(self.n)]], self)
         self._view.block = True
         if engines.in_ipython():
@@ -288,7 +333,7 @@ class Cluster(guard.Refusing):
             engines.install_ipython_hook(live.explain)
 
     def _check_horovod(self):
-        out = self.wait(self._view.apply_async(engines.engine_check_horovod), timeout=max(120, 2 * self.timeout))
+        out = self.wait(self._view.apply_async(engines.engine_check_horovod), timeout=self._left())
         for eid, r in zip(self._view.targets, out):
             want = self.slots[eid]
             if r["size"] != self.n or r["rank"] != want.rank or r["sum"] != self.n:
@@ -322,7 +367,7 @@ class Cluster(guard.Refusing):
 def start(n: int = 2, backend: str = "gloo", *, timeout: float = DEFAULT_TIMEOUT, devices: str = "auto",
           share_gpus: bool = False, threads: int | None = None, mpiexec: str | None = None,
           hosts: str | list[str] | Hosts | None = None, slurm=None, ip: str = LOCALHOST,
-          quiet: bool = False) -> Cluster:
+          quiet: bool = False, oversubscribe: bool = False, allow_all_interfaces: bool = False) -> Cluster:
     """Start n engines as one Horovod job; return the Cluster (also usable as a context manager).
 
     n and backend may be given by position; every other argument by name. Every argument is checked before anything
@@ -330,9 +375,11 @@ def start(n: int = 2, backend: str = "gloo", *, timeout: float = DEFAULT_TIMEOUT
     Called from a notebook cell, it first stops (with a notice) a live cluster of the same kind that a cell of this
     kernel started: a start cell run again replaces its cluster (kit.cluster.live).
 
-    n: engines (a whole number >= 1). backend: "gloo" (no MPI needed) or "mpi" (the venv's mpiexec).
+    n: engines (a whole number >= 1; on this machine or a lab's hosts at most 4 per core and one per 0.5 GiB of
+        available memory unless oversubscribe=True). backend: "gloo" (no MPI needed) or "mpi" (the venv's mpiexec).
     timeout: seconds (finite, > 0; default 60) a collective waits for a dead or missing peer; whole-second
-        settings (Horovod's Gloo timeout, its stall inspector) get it rounded up.
+        settings (Horovod's Gloo timeout, its stall inspector) get it rounded up. The whole start may take
+        start_limit(timeout) = max(120, 2 x timeout) s: then it stops what it started and says how many were up.
     devices: "auto" (one GPU per engine when there are enough, else CPU with a notice), "cpu", or "gpu" (one GPU
         per local rank, an error when too few). share_gpus: let several engines share a GPU.
     threads: framework threads per engine (default: the cores of each machine split between its engines).
@@ -341,10 +388,13 @@ def start(n: int = 2, backend: str = "gloo", *, timeout: float = DEFAULT_TIMEOUT
         kit.netlab lab (any kit.cluster.Hosts: n // len(lab.hosts) per host, servers on lab.addr, the lab's ssh).
     slurm: engines as one Slurm job: a kit.netlab.slurm cluster, or options such as dict(partition=, account=,
         time=, nodes=, sbatch=[...]) (kit.cluster.slurm). Not with hosts.
-    ip: the address servers bind (default 127.0.0.1; with hosts or slurm, one the hosts reach).
-    quiet: no start-up line.
+    ip: the address servers bind: one of this machine's interfaces (default 127.0.0.1; with hosts or slurm, one
+        the hosts reach). allow_all_interfaces: allow ip="0.0.0.0" or "::" (every interface; Horovod's Gloo
+        rendezvous has no authentication).
+    quiet: no start-up line. oversubscribe: start more engines than the cores and memory hold (docs/cluster.md).
     """
     cluster = Cluster(n=n, backend=backend, timeout=timeout, devices=devices, share_gpus=share_gpus, threads=threads,
-                      mpiexec=mpiexec, hosts=hosts, slurm=slurm, ip=ip, quiet=quiet)
+                      mpiexec=mpiexec, hosts=hosts, slurm=slurm, ip=ip, quiet=quiet, oversubscribe=oversubscribe,
+                      allow_all_interfaces=allow_all_interfaces)
     cluster.from_cell = live.called_from_cell()     # a notebook cell's own call: it replaces its predecessor
     return cluster.start()

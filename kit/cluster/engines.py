@@ -116,7 +116,9 @@ def engine_env(slot, *, gpus: list[str], threads: int, timeout: float, folder: s
         **stall.horovod_env(whole_seconds(timeout)),
     }
     if folder:
-        env.update(TMPDIR=os.path.join(folder, "tmp"), KIT_STALL_DIR=os.path.join(folder, "stall"))
+        from kit.cluster.launchers import cache_env
+        env.update(TMPDIR=os.path.join(folder, "tmp"), KIT_STALL_DIR=os.path.join(folder, "stall"),
+                   **cache_env(os.path.join(folder, "tmp")))
     return {k: str(v) for k, v in env.items()}
 
 

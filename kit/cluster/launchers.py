@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from kit import env, sysinfo
@@ -59,12 +60,35 @@ def assign_slots(hostnames: dict[int, str]) -> dict[int, Slot]:
 HEARTBEAT = ["--HeartMonitor.period=1000", "--HeartMonitor.max_heartmonitor_misses=30"]
 
 
+def bound(ipp_cluster, deadline: float):
+    """Make `ipp_cluster`'s engine-set launcher start no engine after `deadline` (time.monotonic()): ipyparallel
+    starts local and SSH engines one by one, and never stops for a timeout (an MPI set is one mpiexec)."""
+    engine_set = ipp_cluster.engine_launcher_class
+    one = getattr(engine_set, "launcher_class", None)
+    if one is None:
+        return
+
+    def start(self, *args, **kwargs):
+        if time.monotonic() > deadline:
+            raise TimeoutError("kit.cluster.start: out of time before every engine was started")
+        return one.start(self, *args, **kwargs)
+    ipp_cluster.engine_launcher_class = type(f"Kit{engine_set.__name__}", (engine_set,),
+                                             {"launcher_class": type(f"Kit{one.__name__}", (one,), {"start": start})})
+
+
+def cache_env(tmp: str) -> dict[str, str]:
+    """Return the variables that put torch.compile's caches (Inductor's, Triton's) in `tmp`, a private folder,
+    not in $TMPDIR/torchinductor_<user>, a name anyone can take first."""
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "torchinductor"),
+            "TRITON_CACHE_DIR": os.path.join(tmp, "triton")}
+
+
 def set_environment(config, tmp: str):
-    """Give every process ipyparallel starts (controller, engines, mpiexec) TMPDIR=tmp (made here), and Python's
-    fault handler: an engine that crashes (a signal, a C++ abort in a framework) writes the reason and its threads'
-    stacks to its output, which a RankDiedError then quotes."""
+    """Give every process ipyparallel starts (controller, engines, mpiexec) TMPDIR=tmp (made here), torch.compile's
+    caches in it (cache_env), and Python's fault handler: an engine that crashes (a signal, a C++ abort in a
+    framework) writes the reason and its threads' stacks to its output, which a RankDiedError then quotes."""
     os.makedirs(tmp, exist_ok=True)
-    extra = {"TMPDIR": tmp, "PYTHONFAULTHANDLER": "1"}
+    extra = {"TMPDIR": tmp, "PYTHONFAULTHANDLER": "1", **cache_env(tmp)}
     config.BaseLauncher.environment = dict(extra)
     for section in list(config.values()):
         if hasattr(section, "get") and isinstance(section.get("environment"), dict):

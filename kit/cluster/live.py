@@ -12,6 +12,8 @@ from __future__ import annotations
 import atexit
 import sys
 
+from kit import scratch
+
 _LIVE: list = []   # started and not yet stopped, oldest first
 
 
@@ -19,6 +21,7 @@ def add(cluster):
     """Note a cluster that starts."""
     if cluster not in _LIVE:
         _LIVE.append(cluster)
+    scratch.end_with_process(stop_all)     # SIGTERM, SIGHUP: stopped as at exit
 
 
 def discard(cluster):

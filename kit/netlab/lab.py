@@ -315,6 +315,7 @@ def start(hosts: int = 4, rate: str = "1gbit") -> Lab:
                                         "token": token, "at": at})
         lab = Lab(free[0], hosts, rate, dir_, token, at)
         _LABS.add(lab)
+        scratch.end_with_process(_stop_all)     # SIGTERM, SIGHUP: stopped as at exit
     try:
         netlab_ssh.make_keys(lab)
         lab._build()
