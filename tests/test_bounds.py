@@ -275,3 +275,15 @@ def test_a_file_another_job_writes_in_the_temp_dir_does_not_fail_the_suite(tmp_p
     said = [line for line in out.splitlines() if "by the test suite" in line]
     assert said and "kit-left-behind" in said[0] and "tmpab12cd.json" not in said[0], out
     assert inner.returncode == 1
+
+
+# ----------------------------------------------------------------------------------- 6. the compile cache
+def test_the_engines_compile_caches_are_in_their_private_scratch(tmp_path):
+    from traitlets.config import Config
+    slot = kc.assign_slots({0: "h"})[0]
+    env = kc.engine_env(slot, gpus=[], threads=1, timeout=60, folder=str(tmp_path))
+    config = Config()
+    launchers.set_environment(config, str(tmp_path / "tmp"))
+    for where in (env, config.BaseLauncher.environment):          # set on the engine, and when it is started
+        assert where["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "tmp" / "torchinductor")
+        assert where["TRITON_CACHE_DIR"] == str(tmp_path / "tmp" / "triton")
