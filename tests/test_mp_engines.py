@@ -42,7 +42,7 @@ def test_the_sweep_records_what_each_stage_held(job):
     assert len(x["rows"]) == 4
     for row in x["rows"]:
         assert row["peak"] == row["peak_model"]               # AFAB: m; 1F1B: p - stage
-        assert all(b > 0 for b in row["peak_bytes"])
+        assert row["peak_bytes"] == [k * b for k, b in zip(row["peak_model"], row["mb_bytes"])]   # measured bytes
         tl = x["timelines"][f"{row['schedule']}:{row['p']}:{row['m']}"]
         assert len(tl) == 2 * row["m"] * row["p"] and min(e["t0"] for e in tl) == 0
     assert all(c.held for c in lessons.memory_checks(x, job.size, 4))   # 1F1B <= p, AFAB all m, as the formula
@@ -98,6 +98,40 @@ def test_the_exercise_checks_tell_right_from_wrong_on_the_engines(job):
     job.view.execute("def my_order(p, m, stage):\n    return [('F', i) for i in range(m)] + "
                      "[('B', i) for i in range(m)]", block=True)
     assert ex.grads_check(job, p=job.size, m=3, names=("my_order",))["ok"]
+
+
+TP_LAYERS = '''
+import torch, torch.distributed as dist
+from kit.mp import tensor
+
+class GapColumn(torch.nn.Module):                  # the notebook's skeleton: a gap still None
+    def __init__(self, full, group=None):
+        super().__init__()
+        self.weight = None
+
+    def forward(self, x):
+        return None
+
+class Col(tensor.ColumnParallelLinear):
+    pass
+
+class Row(tensor.RowParallelLinear):
+    pass
+
+class RowTwice(tensor.RowParallelLinear):          # the bias added on every rank before the sum
+    def forward(self, x):
+        return tensor.g(torch.nn.functional.linear(x, self.weight, self.bias))
+'''
+
+
+def test_the_section_graders_say_right_wrong_or_not_answered(job):
+    from kit.mp import exercises, pipeline as pp
+    job.view.execute(TP_LAYERS, block=True)
+    assert exercises.check_tp(job, "GapColumn", "Row") == "tensor parallelism: not answered yet"
+    assert exercises.check_tp(job, "Col", "Row") == "tensor parallelism: correct"
+    wrong = exercises.check_tp(job, "Col", "RowTwice")
+    assert wrong.startswith("tensor parallelism: wrong (d=64, hidden=256: the output differs")
+    assert exercises.check_schedule(pp.one_f_one_b, "1f1b", job, p=job.size) == "1F1B: correct"
 
 
 def test_the_benchmark_writes_its_summary(tmp_path):

@@ -56,16 +56,17 @@ def lab_part(s: dict) -> dict | None:
             return out
 
 
-def levers() -> dict:
-    """Activation checkpointing and bf16 autocast on notebook 06's stack, in this process."""
-    import torch
-    from kit.mp import memory
-    torch.manual_seed(0)
-    x, y = torch.randn(256, 256), torch.randn(256, 256)
-    out = {k: memory.measure(memory.stack(), x, y, **kw, reps=5)
+def levers(blocks: int = 8, batch: int = 256, d: int = 256, steps: int = 20) -> dict:
+    """Notebook 06's stack in this process: its memory (plain, checkpointing, bf16) and the losses of `steps` Adam
+    steps in float32 and bf16 on a teacher's targets."""
+    from kit.mp import lessons, memory
+    x, y = memory.teacher_task(batch, d)
+    out = {k: memory.measure(memory.stack(blocks, d), x, y, **kw, reps=5)
            for k, kw in (("plain", {}), ("checkpoint", {"checkpoint": True}), ("bf16", {"bf16": True}))}
-    out["loss_fp32"] = memory.train_losses(memory.stack(), x, y)[-1]
-    out["loss_bf16"] = memory.train_losses(memory.stack(), x, y, bf16=True)[-1]
+    out["loss_fp32"] = memory.train_losses(memory.stack(blocks, d), x, y, steps)
+    out["loss_bf16"] = memory.train_losses(memory.stack(blocks, d), x, y, steps, bf16=True)
+    out["formula"] = lessons.activation_bytes(blocks, batch, d, 4 * d)
+    out["cfg"] = {"blocks": blocks, "batch": batch, "d": d, "steps": steps}
     return out
 
 
@@ -104,80 +105,54 @@ def save_figures(x: dict, out_dir):
 
 
 def summary(x: dict) -> str:
-    """The one-line summary: the run's key numbers, then each lesson's verdict (kit.mp.lessons, kit.checks)."""
+    """The one-line summary: the run's key numbers, then the checks (kit.mp.lessons, kit.checks)."""
     from kit import checks
     from kit.mp import lessons
-    lv = x["levers"]
-    pct = lambda err: "n/a" if err is None else f"{100 * err:.0f}%"   # noqa: E731
-    err, n_fits = lessons.fit_error(x["sweep"])
-    out = (f"mp: {x['n']} gloo engines; TP MLP {x['tp']['allreduces']} allreduces handing {x['tp']['handed']:,} B per "
-           f"block-step (model {x['tp']['model_handed']:,}); bubble at worst {pct(err)} from (p-1)/(m+p-1) over "
-           f"{n_fits} settings with m >= p")
-    pl = x.get("placement")
-    if pl:
-        rows = {r["placement"]: r for r in pl["rows"]}
-        a, b = rows["tp_in_host"], rows["tp_across"]
-        out += (f"; 2 hosts x 2 engines at 1gbit: TP across {b['step_ms']:.0f} ms vs TP inside {a['step_ms']:.0f} ms "
-                f"per step (difference {pl['delta_ms']:.0f} ms, model {pl['model_delta_ms']:.0f}), NIC bytes per host "
-                f"{b['nic_tx'] / 1e6:.2f} vs {a['nic_tx'] / 1e6:.2f} MB")
-        if pl.get("sweep"):
-            err, n_fits = lessons.fit_error(pl["sweep"])
-            out += f", bubble there at worst {pct(err)} over {n_fits} settings"
-    else:
+    lv, every = x["levers"], lessons.bench_checks(x)
+    ratio = {k: lv[k]["activations"] / lv["plain"]["activations"] for k in ("checkpoint", "bf16")}
+    out = (f"mp: {x['n']} gloo engines; activations {lv['plain']['activations'] / 2**20:.1f} MiB for one process, "
+           f"checkpointing {ratio['checkpoint']:.2f}x, bf16 {ratio['bf16']:.2f}x; bubble at worst "
+           f"{next(c for c in every if c.name.startswith('bubble vs')).measured:.0%} from (p-1)/(m+p-1)")
+    if not x.get("placement"):
         out += f"; placement on the lab: not run ({x.get('placement_note', 'needs root')})"
-    out += (f"; checkpointing {lv['checkpoint']['activations'] / lv['plain']['activations']:.2f}x the activations "
-            f"for {lv['checkpoint']['ms'] / lv['plain']['ms']:.2f}x the time, bf16 "
-            f"{lv['bf16']['activations'] / lv['plain']['activations']:.2f}x")
-    return out + f"; checks {checks.summary_line(lessons.bench_checks(x))}"
+    return out + f"; checks {checks.summary_line(every)}"
 
 
 def blocks(x: dict) -> list[str]:
     """The blocks of docs/benchmarks/mp.md: the settings, the TP table, the sweep table, the placement, levers."""
-    m = x["machine"]
-    tp = x["tp"]
+    from kit import checks
+    from kit.mp.lessons import table, worst_tp
+    m, tp, odd, t = x["machine"], x["tp"], x["tp_odd"], x["torch_pp"]
     out = [f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
            f"({x['seconds']:.0f} s)"]
-    ms = tp["ms"]
-    out.append("\n".join([
-        "| | largest difference to one process | forward + backward (ms) |", "|---|---|---|",
-        f"| unsharded | — | {ms['full']:.2f} |",
-        f"| kit.mp.tensor (Column + Row) | {max(max(d['out'], d['dx'], d['grads']) for d in tp['diff']):.1e} | "
-        f"{ms['kit']:.2f} |",
-        "| parallelize_module | " + (f"{tp['torch_diff']:.1e} | {ms['torch']:.2f} |" if tp["torch_error"] is None
-                                     else f"refused: {tp['torch_error']} | — |"),
-        f"| odd sizes (d = {x['tp_odd']['cfg']['d']}, hidden = {x['tp_odd']['cfg']['hidden']}): kit | "
-        f"{'equal' if x['tp_odd']['ok'] else 'NOT equal'} | — |",
-        "| odd sizes: parallelize_module | " + (f"refused: {x['tp_odd']['torch_error']}" if x["tp_odd"]["torch_error"]
-                                               else f"{x['tp_odd']['torch_diff']:.1e}") + " | — |"]))
-    rows = ["| p | m | schedule | bubble measured (range) | (p−1)/(m+p−1) | step ms | model step ms | peak held per "
-            "stage | peak bytes, stage 0 |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in x["sweep"]["rows"]:
-        rows.append(f"| {r['p']} | {r['m']} | {r['schedule']} | {r['bubble']:.3f} ({r['bubble_range'][0]:.3f}–"
-                    f"{r['bubble_range'][1]:.3f}) | {r['model']:.3f} | {1e3 * r['step_s']:.0f} | "
-                    f"{1e3 * r['model_step_s']:.0f} | {r['peak']} | {r['peak_bytes'][0]:,} |")
-    out.append("\n".join(rows))
-    t = x["torch_pp"]
-    out.append(f"p = {t['p']}, m = {t['m']}: torch ScheduleGPipe {1e3 * t['rows']['afab']['step_s']:.0f} ms "
-               f"(gradients within {t['rows']['afab']['err']:.1e} of one process), Schedule1F1B "
-               f"{1e3 * t['rows']['1f1b']['step_s']:.0f} ms ({t['rows']['1f1b']['err']:.1e}); the formula's step "
-               f"{1e3 * t['model_step_s']:.0f} ms")
+    out.append(table([{"block": "unsharded", "largest difference": "—", "fwd + bwd ms": tp["ms"]["full"]},
+                      {"block": "kit.mp.tensor", "largest difference": worst_tp(tp), "fwd + bwd ms": tp["ms"]["kit"]},
+                      {"block": "parallelize_module", "largest difference": tp["torch_diff"] if tp["torch_error"]
+                       is None else "refused", "fwd + bwd ms": tp["ms"]["torch"] or "—"},
+                      {"block": f"odd (d {odd['cfg']['d']}, hidden {odd['cfg']['hidden']}): kit",
+                       "largest difference": worst_tp(odd), "fwd + bwd ms": "—"},
+                      {"block": "odd: parallelize_module", "largest difference": odd["torch_diff"] if
+                       odd["torch_error"] is None else "refused", "fwd + bwd ms": "—"}]))
+    out.append(table([{"p": r["p"], "m": r["m"], "schedule": r["schedule"], "bubble": r["bubble"],
+                       "(p−1)/(m+p−1)": r["model"], "step ms": 1e3 * r["step_s"], "model step ms":
+                       1e3 * r["model_step_s"], "bytes held at peak, per stage": r["peak_bytes"],
+                       "one micro-batch's": r["mb_bytes"], "formula (micro-batches)": r["peak_model"]}
+                      for r in x["sweep"]["rows"]]))
+    out.append(table([{"torch schedule": k, "step ms": 1e3 * v["step_s"], "gradients vs one process": v["err"]}
+                      for k, v in t["rows"].items()] + [{"torch schedule": "formula, (m+p−1)(t_f+t_b)",
+                                                         "step ms": 1e3 * t["model_step_s"],
+                                                         "gradients vs one process": "—"}]))
     pl = x.get("placement")
     if pl:
-        from kit import checks
-        from kit.mp.lessons import lab_checks
-        prow = ["| placement | step ms (range) | model step ms | bytes sent per host NIC | model |",
-                "|---|---|---|---|---|"]
-        for r in pl["rows"]:
-            lo, hi = r["step_ms_range"]
-            prow.append(f"| {r['label']} | {r['step_ms']:.1f} ({lo:.1f}–{hi:.1f}) | {r['model_step_ms']:.1f} | "
-                        f"{r['nic_tx']:,.0f} | {r['model_tx']:,} |")
-        out.append("\n".join(prow) + "\n\n" + checks.markdown(lab_checks(pl)))
+        from kit.mp.lab import claims
+        out.append(table([{"placement": r["label"], "step ms": r["step_ms"], "model step ms": r["model_step_ms"],
+                           "bytes per host NIC": r["nic_tx"], "model": r["model_tx"]} for r in pl["rows"]])
+                   + "\n\n" + checks.table(claims(pl)))
     else:
         out.append(f"Not run: {x.get('placement_note', 'the placement needs root (kit.netlab)')}.")
     lv = x["levers"]
-    out.append("\n".join([
-        "| | activations saved | forward + backward | loss after 20 Adam steps |", "|---|---|---|---|",
-        f"| float32 | {lv['plain']['activations']:,} B | {lv['plain']['ms']:.0f} ms | {lv['loss_fp32']:.5f} |",
-        f"| checkpointing every block | {lv['checkpoint']['activations']:,} B | {lv['checkpoint']['ms']:.0f} ms | — |",
-        f"| bf16 autocast | {lv['bf16']['activations']:,} B | {lv['bf16']['ms']:.0f} ms | {lv['loss_bf16']:.5f} |"]))
+    out.append(table([{"": k, "activations at peak (B)": lv[k]["activations"], "fwd + bwd ms": lv[k]["ms"]}
+                      for k in ("plain", "checkpoint", "bf16")])
+               + "\n\n" + table([{"": k, "first loss": lv[k][0], "last loss": lv[k][-1]}
+                                 for k in ("loss_fp32", "loss_bf16")]))
     return out

@@ -135,21 +135,20 @@ def sweep(cluster, ps=(2, 3, 4), ms=(1, 2, 4, 8, 16), names=("afab", "1f1b"), cf
             for name in names:
                 reps = []
                 for rep in range(cfg["reps"]):
-                    runs = [r for rank in per_rank for r in rank
-                            if (r["p"], r["m"], r["schedule"], r["rep"]) == (p, m, name, rep)]
+                    runs = sorted([r for rank in per_rank for r in rank
+                                   if (r["p"], r["m"], r["schedule"], r["rep"]) == (p, m, name, rep)],
+                                  key=lambda r: r["events"][0]["stage"])
                     events = [e for r in runs for e in r["events"]]
                     reps.append({"bubble": pp.bubble_of(events), "events": events,
                                  "step_s": max(e["t1"] for e in events) - min(e["t0"] for e in events),
-                                 "peak": [r["peak"] for r in sorted(runs, key=lambda r: r["events"][0]["stage"])],
-                                 "peak_bytes": [r["peak_bytes"] for r in
-                                                sorted(runs, key=lambda r: r["events"][0]["stage"])]})
+                                 **{k: [r[k] for r in runs] for k in ("peak", "peak_bytes", "mb_bytes")}})
                 mid = sorted(reps, key=lambda r: r["bubble"])[len(reps) // 2]
                 b = [r["bubble"] for r in reps]
                 rows.append({"p": p, "m": m, "schedule": name, "bubble": statistics.median(b),
                              "bubble_range": [min(b), max(b)], "model": formulas.bubble(p, m),
                              "step_s": statistics.median(r["step_s"] for r in reps),
                              "model_step_s": formulas.step_time(p, m, cfg["tf"], cfg["tb"]),
-                             "peak": mid["peak"], "peak_bytes": mid["peak_bytes"],
+                             "peak": mid["peak"], "peak_bytes": mid["peak_bytes"], "mb_bytes": mid["mb_bytes"],
                              "peak_model": [formulas.peak_in_flight(name, p, m, s) for s in range(p)]})
                 t0 = min(e["t0"] for e in mid["events"])
                 timelines[f"{name}:{p}:{m}"] = [{**e, "t0": e["t0"] - t0, "t1": e["t1"] - t0} for e in mid["events"]]

@@ -15,7 +15,7 @@ import statistics
 import time
 
 from kit.checks import Check
-from kit.netlab.counters import HEADER_BYTES, payload, within
+from kit.netlab.counters import payload, within
 
 CFG = dict(d=128, mb=1024, m=4, blocks=2, seed=0, reps=6)
 PLACEMENTS = {"tp_in_host": "TP inside a host, PP across hosts", "tp_across": "TP across hosts, PP inside a host"}
@@ -158,42 +158,19 @@ def placement(cluster, cfg: dict | None = None, rate: str | None = None, placeme
 
 
 def claims(x: dict, bytes_tol: float = 0.03, factor: float = 2.0) -> list[Check]:
-    """Return the placement run's lessons, each checked (kit.checks.Check): the busiest host NIC's payload (its
-    bytes less each packet's headers, and less at most one MSS for each segment TCP sent again) within `bytes_tol`
-    of the model; TP across the link slower than TP inside a host, by the model's difference within `factor` either
-    way; both placements compute the same loss."""
+    """Return the placement run's lessons as checks: the busiest host NIC's payload (its bytes less each packet's
+    headers, and less at most one MSS for each segment TCP sent again) over the model's, within `bytes_tol`; TP
+    across the link slower than TP inside a host, by the model's difference within `factor` either way; both
+    placements compute the same loss."""
     a, b = (next(r for r in x["rows"] if r["placement"] == n) for n in ("tp_in_host", "tp_across"))
-    out = []
-    for r in (a, b):
-        err = r["nic_payload"] / r["model_tx"] - 1
-        ok = within(r["nic_payload"], r["model_tx"], r["nic_retrans"], bytes_tol)
-        again = f", {r['nic_retrans']:,.1f} segments sent again" if r["nic_retrans"] else ""
-        out.append(Check(f"bytes, {r['label']}",
-                         measured=f"the busiest NIC sent {r['nic_tx']:,.0f} bytes in {r['nic_tx_packets']:,.0f} "
-                                  f"packets per step{again}: {r['nic_payload']:,.0f} bytes less {HEADER_BYTES} of "
-                                  f"headers a packet, the model {r['model_tx']:,.0f} ({100 * err:+.1f}%)",
-                         bound=f"payload within {100 * bytes_tol:.0f}% of the model", held=ok,
-                         reason="" if ok else ("the NIC sent more than the step's payload and its resent segments: "
-                                               "traffic beside the job" if err > 0 else
-                                               "the NIC sent less than the model says crossed it")))
-    slower = b["step_ms"] > a["step_ms"]
-    out.append(Check("TP across the link is slower",
-                     measured=f"{b['label']}: {b['step_ms']:.1f} ms per step, {a['label']}: {a['step_ms']:.1f} ms",
-                     bound="TP across slower than TP inside", held=slower,
-                     reason="" if slower else "on this run the steps' spread was larger than the difference"))
+    out = [Check(f"NIC payload / model ({r['placement']})", measured=r["nic_payload"] / r["model_tx"],
+                 bound=f"1 ± {bytes_tol:g}", held=within(r["nic_payload"], r["model_tx"], r["nic_retrans"], bytes_tol))
+           for r in (a, b)]
     ratio = x["delta_ms"] / x["model_delta_ms"] if x["model_delta_ms"] > 0 else float("nan")
-    ok = 1 / factor <= ratio <= factor
-    out.append(Check("by the amount the model says",
-                     measured=f"measured difference {x['delta_ms']:.1f} ms, the model's {x['model_delta_ms']:.1f} ms "
-                              f"({ratio:.2f}x)",
-                     bound=f"within {1 / factor:g}-{factor:g}x of the model", held=ok,
-                     reason="" if ok else "in the steady state of 1F1B both stages' allreduces share each NIC at "
-                                          "once, which the model (one collective at a time) leaves out",
-                     detail=f"The model's parts: one allreduce across the link alone {x['t_allreduce_ms']:.2f} ms, "
-                            f"an activation from both TP ranks across it {x['t_p2p_ms']:.2f} ms, a forward "
-                            f"{x['compute_ms'][0]:.1f} and a backward {x['compute_ms'][1]:.1f} ms of compute"))
-    same = abs(a["loss"] - b["loss"]) <= 1e-5 * max(1.0, abs(a["loss"]))
-    out.append(Check("same computation", measured=f"losses {a['loss']:.6f} and {b['loss']:.6f}",
-                     bound="equal within 1e-5 (relative)", held=same,
-                     reason="" if same else "the two layouts did not compute the same model"))
-    return out
+    rel = abs(a["loss"] - b["loss"]) / max(1.0, abs(a["loss"]))
+    return out + [
+        Check("step TP across / TP inside", measured=b["step_ms"] / a["step_ms"], bound="> 1",
+              held=b["step_ms"] > a["step_ms"], unit="×"),
+        Check("step difference / model's", measured=ratio, bound=f"{1 / factor:g}–{factor:g}",
+              held=1 / factor <= ratio <= factor, unit="×"),
+        Check("loss of the two placements (relative)", measured=rel, bound="≤ 1e-05", held=rel <= 1e-5)]

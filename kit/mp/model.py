@@ -48,18 +48,22 @@ def pp_sent(batch: int, hidden: int, itemsize: int = 4) -> int:
     return 2 * batch * hidden * itemsize
 
 
-def memory_per_rank(params: int, activations: int, *, n: int = 1, scheme: str = "dp", itemsize: int = 4,
-                    opt_states: int = 2) -> dict:
-    """Return bytes per rank of params, grads, optimizer state and activations for `scheme` over n ranks.
+def memory_per_rank(params: int, activations: int, *, n: int = 1, scheme: str = "dp", whole: int | None = None,
+                    itemsize: int = 4, opt_states: int = 2) -> dict:
+    """Return bytes per rank of params, grads, optimizer state and activations for `scheme` over n ranks, all on
+    one global batch (`activations`: what one process keeps for that batch).
 
-    scheme: "dp" (everything replicated), "zero3"/"fsdp" (params, grads, state 1/n; activations whole),
-    "tp" or "pp" (params, grads, state and activations 1/n: each rank holds its share of the layers)."""
+    "dp": state whole, activations 1/n (each rank 1/n of the batch); "zero3"/"fsdp": state and activations 1/n;
+    "pp": each rank 1/n of the layers, so 1/n of both; "tp" (Megatron, no sequence parallelism): state 1/n, but
+    each block's input and output are whole on every rank: `whole` (their bytes) stays, the rest splits."""
     allowed = ("dp", "zero3", "fsdp", "tp", "pp")
     if scheme not in allowed:
         raise ValueError(f"scheme must be one of {allowed}, got {scheme!r}")
+    if scheme == "tp" and whole is None:
+        raise ValueError("scheme='tp' keeps each block's input and output whole on every rank: pass whole= their "
+                         "bytes (the rest of the activations splits n ways)")
     state = {"params": params * itemsize, "grads": params * itemsize, "optimizer": opt_states * params * itemsize}
-    share = 1 if scheme == "dp" else 1 / n
-    out = {k: v * share for k, v in state.items()}
-    out["activations"] = activations * (1 / n if scheme in ("tp", "pp") else 1)
+    out = {k: v * (1 if scheme == "dp" else 1 / n) for k, v in state.items()}
+    out["activations"] = whole + (activations - whole) / n if scheme == "tp" else activations / n
     out["total"] = sum(out.values())
     return out

@@ -159,12 +159,19 @@ def run_step(module, acts, *, stage: int, p: int, xs=None, ys=None, shape=None, 
 
     xs: the first stage's micro-batch inputs; ys: the last stage's targets; shape: a micro-batch's activation
     shape (what the others receive); ranks: the global rank of each stage (default 0..p-1). Each micro-batch's
-    loss is divided by m, so the gradients are those of the mean over the whole batch."""
+    loss is divided by m, so the gradients are those of the mean over the whole batch.
+
+    peak_bytes: the most bytes autograd kept alive on this stage at once (kit.mp.memory.Saved: each tensor once,
+    parameters excluded); mb_bytes: what one micro-batch's forward left alive; peak: the most micro-batches
+    between their forward and their backward (the schedule's count)."""
+    from kit.mp.memory import Saved
     ranks = list(range(p)) if ranks is None else ranks
     m = sum(1 for k, _ in acts if k == "F")
     prev, nxt = (ranks[stage - 1] if stage > 0 else None), (ranks[stage + 1] if stage < p - 1 else None)
     saved, sends, events, loss = {}, [], [], 0.0
-    held = peak = live = peak_bytes = 0
+    held = peak = 0
+    mem = Saved(module.parameters())            # the bytes autograd keeps alive on this stage, parameters excluded
+    one = None                                  # what one micro-batch's forward left alive (the first one's)
     for kind, i in acts:
         if kind == "F":
             if prev is None:
@@ -173,26 +180,23 @@ def run_step(module, acts, *, stage: int, p: int, xs=None, ys=None, shape=None, 
                 x = torch.empty(shape)
                 dist.recv(x, prev)                      # the previous stage's activations of micro-batch i
                 x.requires_grad_(True)
-            size = [0]
-
-            def pack(t, size=size):
-                size[0] += t.numel() * t.element_size()
-                return t
+            before = mem.live
             t0 = clock()
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with mem:
                 y = module(x)
                 if nxt is None:
                     y = loss_fn(y, ys[i]) / m
             if nxt is None:
-                loss += float(y)
+                loss += float(y.detach())
             else:
                 sends.append(dist.isend(y.detach(), nxt))
             t1 = clock()                                # computed and handed on: the stage is free again
-            saved[i] = (x, y, size[0])
-            held, live = held + 1, live + size[0]
-            peak, peak_bytes = max(peak, held), max(peak_bytes, live)
+            one = mem.live - before if one is None else one
+            saved[i] = (x, y)
+            held += 1
+            peak = max(peak, held)
         else:
-            x, y, nbytes = saved.pop(i)
+            x, y = saved.pop(i)
             grad = None
             if nxt is not None:
                 grad = torch.empty_like(y)
@@ -202,8 +206,9 @@ def run_step(module, acts, *, stage: int, p: int, xs=None, ys=None, shape=None, 
             if prev is not None:
                 sends.append(dist.isend(x.grad, prev))
             t1 = clock()
-            held, live = held - 1, live - nbytes
+            held -= 1
+            del x, y
         events.append({"stage": stage, "kind": kind, "mb": i, "t0": t0, "t1": t1})
     for w in sends:
         w.wait()
-    return {"events": events, "loss": loss, "peak": peak, "peak_bytes": peak_bytes}
+    return {"events": events, "loss": loss, "peak": peak, "peak_bytes": mem.peak, "mb_bytes": one or 0}
