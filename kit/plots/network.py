@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from kit.comm.costmodel import human, ring_bytes, t_comm_ps, t_comm_ring
+from kit.env import cpu_cores
 from kit.plots.style import LABELS
 
 STYLE = {"ring": ("tab:blue", "o"), "ps": ("tab:red", "s"), "byteps": ("tab:green", "^"),
@@ -177,7 +178,7 @@ SHORT = {"ring": "kit ring", "byteps": "PS, k=N co-located", "torch": "torch.dis
 def readme_tables(x: dict, K: int, small_reps: int | None = None) -> str:
     """Return docs/benchmarks/network.md for a run: the link (ping-pong, bare socket, stream), every row at K bytes,
     then the smallest messages (timed `small_reps` times)."""
-    cores = x.get("machine", {}).get("cpu_cores", "?")
+    cores = x.get("machine", {}).get("cpu_cores") or cpu_cores()      # a fresh run: this machine
     small = min(x["sizes"])
     out = [f"Links {x['rate']} each way; {cores} cores; run took {x['seconds']:.0f} s; {x['reps']} timed calls per "
            "point" + (f" ({human(small)}: {small_reps})" if small_reps and small_reps != x["reps"] else "") + "."]
