@@ -124,8 +124,9 @@ def test_every_lesson_holds_or_fails_on_the_recorded_run_as_its_numbers_say():
         "fp16 hook: bytes handed / DDP's", "peak share: ZeRO-1 (reduce-scatter, all-gather)",
         "peak share: ZeRO-1, ring pieces of 64 KB", "peak / DDP's: ZeRO-1, ring pieces of 64 KB",
         "peak share: FSDP2 fully_shard"]
-    assert all(c.held for c in found if c.name != "α–β model: saving measured / model")
-    assert "α–β model: saving measured / model did not hold" in checks.summary_line(found)   # 2.75: the run's own
+    assert all(c.held for c in found if c.name.startswith(("schemes", "fp16", "peak")))   # not timings: always
+    line = checks.summary_line(found)                    # the timing rows hold or not as the run's numbers say
+    assert all((f"{c.name} did not hold" in line) is not c.held for c in found)
 
 
 def test_the_correct_check_fails_when_a_scheme_ends_with_other_weights():

@@ -17,17 +17,15 @@ from kit.comm.dp import ZeroSGD
 from kit.comm.ring import scratch_numel
 
 MEMORY_TOL = 0.20            # the measured peak may exceed the formula's share by 20% (padding, small tensors)
-# stage -> (what is sharded, the scheme that measures it, the share of 3K per rank as a function of N)
-STAGES = {0: ("nothing (DDP)", "ddp", lambda N: 1.0),
-          1: ("optimizer state", "zero", lambda N: (2 + 1 / N) / 3),
-          2: ("+ gradients", None, lambda N: (1 + 2 / N) / 3),
-          3: ("+ parameters (FSDP)", "fsdp", lambda N: 1 / N)}
+# stage -> the share of 3K per rank as a function of N: 0 nothing sharded (DDP), 1 the optimizer state, 2 + the
+# gradients, 3 + the parameters (FSDP)
+STAGES = {0: lambda N: 1.0, 1: lambda N: (2 + 1 / N) / 3, 2: lambda N: (1 + 2 / N) / 3, 3: lambda N: 1 / N}
 UNSEEN = ("horovod", "ddp_fp16")     # schemes with temporaries the meter cannot see (C++ buffers): "≥"
 
 
 def formula(stage: int, N: int) -> float:
     """Return ZeRO stage `stage`'s bytes per rank as a share of the full state (params + grads + momentum)."""
-    return STAGES[stage][2](N)
+    return STAGES[stage](N)
 
 
 def unit_bytes(x: dict) -> int:
