@@ -122,37 +122,32 @@ def blocks(x: dict) -> list[str]:
     """The blocks of docs/benchmarks/mp.md: the settings, the TP table, the sweep table, the placement, levers."""
     from kit import checks
     from kit.mp.lessons import table, worst_tp
-    m, tp, odd, t = x["machine"], x["tp"], x["tp_odd"], x["torch_pp"]
+    m, tp, odd, t, lv = x["machine"], x["tp"], x["tp_odd"], x["torch_pp"], x["levers"]
     out = [f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
            f"({x['seconds']:.0f} s)"]
-    out.append(table([{"block": "unsharded", "largest difference": "—", "fwd + bwd ms": tp["ms"]["full"]},
-                      {"block": "kit.mp.tensor", "largest difference": worst_tp(tp), "fwd + bwd ms": tp["ms"]["kit"]},
-                      {"block": "parallelize_module", "largest difference": tp["torch_diff"] if tp["torch_error"]
-                       is None else "refused", "fwd + bwd ms": tp["ms"]["torch"] or "—"},
-                      {"block": f"odd (d {odd['cfg']['d']}, hidden {odd['cfg']['hidden']}): kit",
-                       "largest difference": worst_tp(odd), "fwd + bwd ms": "—"},
-                      {"block": "odd: parallelize_module", "largest difference": odd["torch_diff"] if
-                       odd["torch_error"] is None else "refused", "fwd + bwd ms": "—"}]))
-    out.append(table([{"p": r["p"], "m": r["m"], "schedule": r["schedule"], "bubble": r["bubble"],
-                       "(p−1)/(m+p−1)": r["model"], "step ms": 1e3 * r["step_s"], "model step ms":
-                       1e3 * r["model_step_s"], "bytes held at peak, per stage": r["peak_bytes"],
-                       "one micro-batch's": r["mb_bytes"], "formula (micro-batches)": r["peak_model"]}
-                      for r in x["sweep"]["rows"]]))
-    out.append(table([{"torch schedule": k, "step ms": 1e3 * v["step_s"], "gradients vs one process": v["err"]}
-                      for k, v in t["rows"].items()] + [{"torch schedule": "formula, (m+p−1)(t_f+t_b)",
-                                                         "step ms": 1e3 * t["model_step_s"],
-                                                         "gradients vs one process": "—"}]))
+    torch = [r["torch_diff"] if r["torch_error"] is None else "refused" for r in (tp, odd)]
+    out.append(table([("unsharded", "—", tp["ms"]["full"]), ("kit.mp.tensor", worst_tp(tp), tp["ms"]["kit"]),
+                      ("parallelize_module", torch[0], tp["ms"]["torch"] or "—"),
+                      (f"odd sizes {odd['cfg']['d']}, {odd['cfg']['hidden']}: kit", worst_tp(odd), "—"),
+                      ("odd sizes: parallelize_module", torch[1], "—")],
+                     ("block", "largest difference", "fwd + bwd ms")))
+    out.append(table([(r["p"], r["m"], r["schedule"], r["bubble"], r["model"], 1e3 * r["step_s"],
+                       1e3 * r["model_step_s"], r["peak_bytes"], r["mb_bytes"], r["peak_model"])
+                      for r in x["sweep"]["rows"]],
+                     ("p", "m", "schedule", "bubble", "(p−1)/(m+p−1)", "step ms", "model step ms",
+                      "bytes held at peak per stage", "one micro-batch's", "formula (micro-batches)")))
+    out.append(table([(k, 1e3 * v["step_s"], v["err"]) for k, v in t["rows"].items()]
+                     + [("formula (m+p−1)(t_f+t_b)", 1e3 * t["model_step_s"], "—")],
+                     ("torch schedule", "step ms", "gradients vs one process")))
     pl = x.get("placement")
     if pl:
         from kit.mp.lab import claims
-        out.append(table([{"placement": r["label"], "step ms": r["step_ms"], "model step ms": r["model_step_ms"],
-                           "bytes per host NIC": r["nic_tx"], "model": r["model_tx"]} for r in pl["rows"]])
-                   + "\n\n" + checks.table(claims(pl)))
+        out.append(table([(r["label"], r["step_ms"], r["model_step_ms"], round(r["nic_tx"]), r["model_tx"])
+                          for r in pl["rows"]], ("placement", "step ms", "model step ms", "bytes per host NIC",
+                                                 "model")) + "\n\n" + checks.table(claims(pl)))
     else:
         out.append(f"Not run: {x.get('placement_note', 'the placement needs root (kit.netlab)')}.")
-    lv = x["levers"]
-    out.append(table([{"": k, "activations at peak (B)": lv[k]["activations"], "fwd + bwd ms": lv[k]["ms"]}
-                      for k in ("plain", "checkpoint", "bf16")])
-               + "\n\n" + table([{"": k, "first loss": lv[k][0], "last loss": lv[k][-1]}
-                                 for k in ("loss_fp32", "loss_bf16")]))
+    out.append(table([(k, lv[k]["activations"], lv[k]["copies"], lv[k]["ms"]) for k in ("plain", "checkpoint", "bf16")],
+                     ("", "activations at peak (B)", "weight copies (B)", "fwd + bwd ms")) + "\n\n"
+               + table([(k, lv[k][0], lv[k][-1]) for k in ("loss_fp32", "loss_bf16")], ("", "first loss", "last loss")))
     return out

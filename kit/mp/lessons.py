@@ -13,11 +13,13 @@ TOL = 1e-5               # float32: a parallel computation equals one process's 
 MIB = 2 ** 20
 
 
-def table(rows: list[dict]) -> str:
-    """Return rows (dicts with the same keys) as a Markdown table, numbers formatted by kit.checks.fmt."""
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    return "\n".join(lines + ["| " + " | ".join(fmt(r[k]) for k in keys) + " |" for r in rows])
+def table(rows: list, header: tuple | None = None) -> str:
+    """Return rows as a Markdown table, numbers formatted by kit.checks.fmt: dicts with the same keys (the header),
+    or sequences under `header`."""
+    header = header or tuple(rows[0])
+    cells = [r.values() if isinstance(r, dict) else r for r in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(fmt(v) for v in r) + " |" for r in cells])
 
 
 def activation_bytes(blocks: int, batch: int, d: int, hidden: int, itemsize: int = 4) -> int:
