@@ -162,20 +162,20 @@ def test_every_interface_is_refused_unless_asked(nothing_starts, ip):
                                                r"\(allow_all_interfaces=True"):
         kc.start(n=2, ip=ip)
     with pytest.raises(AssertionError, match="something was started"):
-        kc.start(n=2, ip=ip, allow_all_interfaces=True)
+        kc.start(n=2, ip=ip, allow_all_interfaces=True, oversubscribe=True)
 
 
 def test_an_address_of_no_interface_here_is_refused(nothing_starts):
     with pytest.raises(kc.ArgumentError, match=r"ip='198.51.100.7' is not allowed: an address of this machine.*"
                                                r"on none of its interfaces"):
-        kc.start(n=2, ip="198.51.100.7")
+        kc.start(n=2, ip="198.51.100.7", oversubscribe=True)
     assert "127.0.0.1" in checks.interface_addresses()
 
 
 # ----------------------------------------------------------------------------------- 4. arguments at the door
 def _standin(state: str = "running"):
     """A Cluster object in `state` with two slots and a client, started by no one: for the checks at the door."""
-    c = kc.core.Cluster(n=2, quiet=True)
+    c = kc.core.Cluster(n=2, quiet=True, oversubscribe=True)    # (a busy machine's memory: no matter)
     c._state, c._client, c.slots = state, object(), kc.assign_slots({0: "h", 1: "h"})
     return c
 
