@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -185,6 +186,7 @@ def _bench(*argv):
     return lambda: main(list(argv))
 
 
+NOFOLDER = os.path.join(tempfile.gettempdir(), f"no-such-folder-{os.getpid()}")    # (the suite's own temp dir)
 AT_THE_DOOR = [   # (what is called, the error, the words it must say)
     ("wait(ar, timeout='x')", lambda: _standin().wait(None, timeout="x"), kc.ArgumentError,
      r"cluster.wait: timeout='x' is not allowed: None \(wait until it is done\) or a finite number of seconds >= 0"),
@@ -204,8 +206,8 @@ AT_THE_DOOR = [   # (what is called, the error, the words it must say)
      "backend='mpi' is not allowed: use 'gloo' or 'nccl'"),
     ("restart() never started", lambda: _standin("new").restart(), kc.ClusterError, "was never started"),
     ("restart() stopped", lambda: _standin("stopped").restart(), kc.ClusterStoppedError, "was stopped"),
-    ("--out /nonexistent/x", _bench("ps", "--tiny", "--out", "/nonexistent/x"), SystemExit,
-     r"--out: '/nonexistent/x' is in '/nonexistent', which is not a folder: give --mkdir to make it"),
+    ("--out NOFOLDER/x", _bench("ps", "--tiny", "--out", os.path.join(NOFOLDER, "x")), SystemExit,
+     rf"--out: '{NOFOLDER}/x' is in '{NOFOLDER}', which is not a folder: give --mkdir to make it"),
     ("--out a file", _bench("ps", "--out", __file__), SystemExit, "is a file, not a folder"),
 ]
 
