@@ -15,15 +15,18 @@ def _mean_reports(results, calls=1, n=2):
 
 def test_the_mean_judge_says_right_wrong_and_unanswered_without_the_answer():
     mean = [2.5, 2.0, 0.5]                                          # ((1 + 4) / 2, (3 + 1) / 2, 0.5)
-    assert ex.judge_mean(_mean_reports([mean, mean])) == "exercise 1: correct: one allreduce, the ranks' mean on all 2 ranks"
-    assert ex.judge_mean([{"rank": 0, "unanswered": True}, {"rank": 1, "unanswered": True}]) == "exercise 1: not answered yet"
+    right = "exercise 1: correct: one allreduce, the ranks' mean on all 2 ranks"
+    assert ex.judge_mean(_mean_reports([mean, mean])) == right
+    assert ex.judge_mean([{"rank": 0, "unanswered": True}, {"rank": 1, "unanswered": True}]) == \
+        "exercise 1: not answered yet"
     wrong = {
         "sum": (_mean_reports([[5.0, 4.0, 1.0]] * 2), "the sum over the ranks, not their mean"),
         "two calls": (_mean_reports([mean, mean], calls=2), "called Horovod's allreduce 2 times"),
         "no call": (_mean_reports([mean, mean], calls=0), "called Horovod's allreduce 0 times"),
         "disagree": (_mean_reports([mean, [1.0, 3.0, 0.5]]), "rank 1's result differs from rank 0's"),
         "off": (_mean_reports([[2.5, 2.0, 0.25]] * 2), "element 2 on every rank is not the mean"),
-        "none": ([{**r, "result": None, "type": "NoneType"} for r in _mean_reports([mean, mean])], "returned a NoneType"),
+        "none": ([{**r, "result": None, "type": "NoneType"} for r in _mean_reports([mean, mean])],
+                 "returned a NoneType"),
         "raised": ([{"rank": 0, "error": "NameError: name 'hvd' is not defined"}, {"rank": 1, "unanswered": True}],
                    "rank 0 raised NameError"),
     }
@@ -41,7 +44,8 @@ def _bcast_reports(after1, after0=None):
 
 def test_the_broadcast_judge_says_right_wrong_and_unanswered():
     assert ex.judge_broadcast(_bcast_reports({"w": [1.0, 2.0], "b": [0.5]})).startswith("exercise 2: correct")
-    assert ex.judge_broadcast([{"rank": 0, "unanswered": True}, {"rank": 1, "unanswered": True}]) == "exercise 2: not answered yet"
+    assert ex.judge_broadcast([{"rank": 0, "unanswered": True}, {"rank": 1, "unanswered": True}]) == \
+        "exercise 2: not answered yet"
     said = ex.judge_broadcast(_bcast_reports({"w": [1.0, 2.0], "b": [9.0]}))
     assert "rank 1's parameter 'b' still differs from rank 0's" in said
     averaged = {"w": [4.0, 5.0], "b": [4.75]}
@@ -88,7 +92,7 @@ def sync_right(model):
 def sync_rebinds(model):
     import horovod.torch as hvd
     for p in model.state_dict().values():
-        p = hvd.broadcast(p, root_rank=0)          # noqa: F841 (the mistake under test: the result is dropped)
+        p = hvd.broadcast(p, root_rank=0)          # the mistake under test: the result is dropped
 
 
 def sync_with_the_helper(model):

@@ -72,8 +72,9 @@ def judge_mean(reports: list[dict], tol: float = 1e-5) -> str:
     sums = [sum(r["input"][i] for r in reports) for i in range(len(first))]
     if all(math.isclose(a, s, rel_tol=tol, abs_tol=tol) for a, s in zip(first, sums)) and n > 1:
         return "exercise 1: wrong: every rank got the sum over the ranks, not their mean"
-    if not all(math.isclose(a, s / n, rel_tol=tol, abs_tol=tol) for a, s in zip(first, sums)):
-        bad = next(i for i, (a, s) in enumerate(zip(first, sums)) if not math.isclose(a, s / n, rel_tol=tol, abs_tol=tol))
+    off = [i for i, (a, s) in enumerate(zip(first, sums)) if not math.isclose(a, s / n, rel_tol=tol, abs_tol=tol)]
+    if off:
+        bad = off[0]
         return f"exercise 1: wrong: element {bad} on every rank is not the mean of the ranks' inputs"
     return f"exercise 1: correct: one allreduce, the ranks' mean on all {n} ranks"
 
