@@ -103,10 +103,12 @@ def test_combinations_place_groups_on_links():
                  cluster=Cluster(hosts=2, ranks_per_host=2, intra=FAST, inter=SLOW))
     inside = run("tp_pp", tp=2, pp=2, microbatches=2,
                  cluster=Cluster(hosts=2, ranks_per_host=2, intra=FAST, inter=SLOW))
-    # TP across: 4 × 2 layers allreduces of 8 × 100 B on SLOW per micro-batch slot: 8 · 2·(1e-3 + 800/2e7) = 0.01664
-    # against inside's 8 · 2 · (1e-4 + 800/2e8) = 0.001664 + its sends on SLOW 2 × (1e-3 + 800/1e7) = 0.00216
-    assert across["exposed_comm_s"] == pytest.approx(2 * (0.01664 + 2 * (1e-4 + 8e-6)))
-    assert inside["exposed_comm_s"] == pytest.approx(2 * (0.001664 + 0.00216))
+    # TP across: each TP pair spans the hosts, the 2 pairs share each host's NIC (1e7/2 B/s each): per micro-batch
+    # slot 4 × 2 layers allreduces of 8 × 100 B: 8 · 2·(1e-3 + 800/(2·5e6)) = 0.01728, its sends inside (FAST)
+    # 2 × (1e-4 + 800/1e8); inside: TP 8 · 2·(1e-4 + 800/2e8) = 0.001664, its sends on the shared NIC
+    # 2 × (1e-3 + 800/5e6) = 0.00232; two slots (m = 2) each
+    assert across["exposed_comm_s"] == pytest.approx(2 * (0.01728 + 2 * (1e-4 + 8e-6)))
+    assert inside["exposed_comm_s"] == pytest.approx(2 * (0.001664 + 0.00232))
     dp_pp = run("dp_pp", dp=2, pp=2, microbatches=2)
     # dp across hosts (stride tp·pp = 2 on hosts of 4: inside one host here): gradients 2 MB per stage:
     # 2·1·(8·1e-4 + 2e6/(2·1e8)) = 0.0216

@@ -96,7 +96,8 @@ class Link:
     """One level's link, as each rank sees it when every rank talks at once.
 
     alpha_s        a message's latency (s): ping-pong's one-way time of a tiny message
-    bandwidth_Bps  bytes per second each way, per rank (a host's NIC shared by its ranks: its rate / ranks)
+    bandwidth_Bps  bytes per second each way (inside a host: a rank's; between hosts: a host's NIC, which the
+                   groups crossing it at once share, `Cluster.link`)
     overhead_s     LogP's o (s): serial cost per further message one process handles (a server's N pushes)
     """
     alpha_s: float
@@ -111,8 +112,9 @@ class Link:
 
 @dataclass(frozen=True)
 class Cluster:
-    """hosts × ranks_per_host ranks; `intra` links ranks of one host, `inter` ranks of different hosts (the same
-    as intra when not given); device_memory_bytes: what one rank may hold (inf: no limit)."""
+    """hosts × ranks_per_host ranks; `intra` links ranks of one host (bandwidth_Bps: one rank's, each way),
+    `inter` the hosts (bandwidth_Bps: one host's NIC, each way; the same link as intra when not given);
+    device_memory_bytes: what one rank may hold (inf: no limit)."""
     hosts: int
     ranks_per_host: int
     intra: Link
@@ -133,9 +135,13 @@ class Cluster:
         return self.hosts * self.ranks_per_host
 
     def link(self, size: int, stride: int) -> Link:
-        """The link of a group of `size` ranks, `stride` apart from rank 0 on: `inter` if it spans hosts."""
-        spans = (size - 1) * stride // self.ranks_per_host > 0
-        return (self.inter or self.intra) if spans else self.intra
+        """The link of a group of `size` ranks, `stride` apart: `intra` inside a host; `inter` if the group spans
+        hosts, its bandwidth shared by the min(stride, ranks_per_host) groups that cross each host at once (a
+        host-ordered ring crosses a host's NIC once each way, so one group alone gets the NIC's whole rate)."""
+        if (size - 1) * stride < self.ranks_per_host:
+            return self.intra
+        link, sharing = self.inter or self.intra, min(stride, self.ranks_per_host)
+        return Link(link.alpha_s, link.bandwidth_Bps / sharing, link.overhead_s)
 
 
 @dataclass(frozen=True)
