@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 KINDS = ("dp", "dp_overlap", "dp_bucketed", "zero1", "zero2", "zero3", "fsdp", "ps", "ps_colocated", "tp", "pp",
-         "dp_pp", "tp_pp")
+         "dp_pp", "dp_tp", "tp_pp")
 SCHEDULES = ("afab", "1f1b")
 PLACEMENTS = ("tp_in_host", "tp_across")
 
