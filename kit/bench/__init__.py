@@ -22,7 +22,7 @@ from kit import sysinfo
 # (result dict, summary). The function calls the experiments its notebook calls, with the benchmark's settings.
 BENCHES = {name: f"kit.bench.{name}:bench" for name in
            ("loading", "ps", "allreduce", "mnist", "network", "gpu", "elastic", "mnist_lab", "ddp", "ddp_lab",
-            "ring_cpu", "mp")}
+            "ring_cpu", "mp", "plan")}
 
 
 _T0 = time.monotonic()

@@ -163,6 +163,12 @@ def mp(x: dict) -> list[str]:
     return blocks(x)
 
 
+def plan(x: dict) -> list[str]:
+    """Return docs/benchmarks/plan.md's blocks (kit.bench.plan.blocks)."""
+    from kit.bench.plan import blocks
+    return blocks(x)
+
+
 BLOCKS = {"loading": loading, "ps": ps, "allreduce": allreduce, "network": network, "mnist": mnist,
           "mnist_lab": mnist_lab, "elastic": elastic, "gpu": gpu, "ddp": ddp, "ddp_lab": ddp_lab,
-          "ring_cpu": ring_cpu, "mp": mp}
+          "ring_cpu": ring_cpu, "mp": mp, "plan": plan}

@@ -93,7 +93,7 @@ def predict(model: Model, cluster: Cluster, strategy: Strategy, global_batch: fl
     compute, slot_comm = s.microbatches * slot, s.microbatches * comm
     held = mpm.peak_in_flight(s.schedule, s.pp, s.microbatches, 0) * mb
     grad_bytes = model.params * model.bytes_per_param / (s.tp * s.pp)
-    dp_s, last_s = grad_comm_s(model, cluster, s, grad_bytes) if s.dp > 1 else (0.0, 0.0)
+    dp_s, last_s = grad_comm_s(model, cluster, s, grad_bytes) if s.dp > 1 or s.kind == "ps" else (0.0, 0.0)
     if s.kind in ("dp_overlap", "dp_bucketed"):           # hidden behind backward, except what outlasts it
         dp_s = max(dp_s - model.backward_share * compute, last_s)
     exposed = dp_s + slot_comm
