@@ -160,3 +160,44 @@ def test_bad_descriptions_name_the_field(make, field):
     with pytest.raises(PlanError) as e:
         make()
     assert str(e.value).startswith(field + " = ")
+
+
+def test_published_target_can_fail():
+    from kit.plan.published import cases, within
+    assert within(93.7, 90) and not within(84.5, 68) and not within(50, 76)
+    rows = cases()
+    assert all(math.isfinite(r["predicted"]) for r in rows)
+    scored = [r for r in rows if r["published"] is not None]
+    assert all(r["error_points"] == pytest.approx(r["predicted"] - r["published"]) for r in scored)
+    assert all(bool(r["why"]) == (not r["held"]) for r in scored)
+
+
+def test_lab_points_from_committed_results():
+    from pathlib import Path
+
+    from kit.plan import lab
+    results = Path(__file__).resolve().parents[1] / "results"
+    pts = lab.points(results)
+    assert {p["source"] for p in pts} >= {"ps", "network", "ddp_lab", "mp"}
+    assert all(p["error"] == pytest.approx((p["predicted_s"] - p["measured_s"]) / p["measured_s"]) for p in pts)
+    zero = next(p for p in lab.memory_points(results) if p["point"] == "zero N=2")
+    # ZeRO-1 at N = 2: params K + grads K + momentum K/2 = 2.5 K, K = 3,366,952 B
+    assert zero["predicted_bytes"] == pytest.approx(2.5 * 3_366_952)
+
+
+def test_ranking_flags_a_reversed_pair(tmp_path):
+    import json
+
+    from kit.plan import lab
+    # naive (14 calls, nothing hidden) is predicted slower than one 4 MB bucket; measured here 10x faster instead
+    rows = [{"scheme": "local", "step_ms": 10.0, "step_ms_range": [9, 11]},
+            {"scheme": "naive", "step_ms": 10.0, "step_ms_range": [9, 11]},
+            {"scheme": "buckets:4194304", "step_ms": 100.0, "step_ms_range": [99, 101]}]
+    run = {"N": 2, "K": 4_000_000, "tensors": 14, "cfg": {"sizes": [10, 10, 10], "batch": 8},
+           "timeline": {"forward": 1.0, "backward": 2.0}, "rows": rows}
+    (tmp_path / "ddp_lab.json").write_text(json.dumps({"runs": [run]}))
+    (tmp_path / "network.json").write_text(json.dumps({"link": {"alpha": 1e-4, "B": 1e8}, "latency": {"o": 0.0},
+                                                       "rows": []}))
+    pairs = lab.ranking(tmp_path)
+    assert len(pairs) == 1 and pairs[0]["held"] is False
+    assert lab.summary(lab.points(tmp_path))["n"] == 2

@@ -81,9 +81,10 @@ def blocks(x: dict) -> list[str]:
     """docs/benchmarks/plan.md's blocks: the published table, the lab's summary by source, every lab point, the
     memory points, the ranking pairs that did not hold."""
     yes = {True: "yes", False: "**no**"}
-    pub = _md(("case", "published %", "predicted", "error (points)", "within target", "why it misses"),
+    pub = _md(("case", "published %", "predicted", "error (points)", "within target", "compute s", "exposed comm s",
+               "why it misses"),
               [(r["case"], _f(r["published"]), _f(r["predicted"]), _f(r["error_points"], "+.1f"), yes[r["held"]],
-                r["why"]) for r in x["published"]])
+                _f(r["compute_s"]), _f(r["exposed_comm_s"]), r["why"]) for r in x["published"]])
     by = _md(("source", "points", "median abs error", "worst abs error"),
              [(s, v["n"], _f(v["median_abs_error"], ".1%"), _f(v["worst_abs_error"], ".0%"))
               for s, v in {**x["lab"]["by_source"], "all": x["lab"]["summary"]}.items()])
