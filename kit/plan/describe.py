@@ -146,9 +146,15 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Strategy:
-    """How the ranks share the work. kind: one of KINDS; dp, tp, pp: the degrees (ranks = dp·tp·pp; "ps"'s dp are
-    its workers, `servers` its servers on hosts of their own); microbatches (m) and schedule for PP; bucket_bytes
-    for dp_bucketed; placement: "tp_in_host" (TP ranks adjacent, PP and DP across) or "tp_across" (PP adjacent)."""
+    """How the ranks share the work.
+
+    kind          one of KINDS; dp_tp: DP over TP groups (Megatron-LM 2019); every DP kind but dp_overlap and
+                  dp_bucketed exchanges its gradients after backward
+    dp, tp, pp    the degrees: ranks = dp·tp·pp ("ps": dp workers, plus `servers` on hosts of their own)
+    microbatches  m, and schedule ("afab" or "1f1b"), for PP
+    bucket_bytes  dp_bucketed's bucket size (bytes)
+    placement     "tp_in_host": TP ranks adjacent, PP then DP across; "tp_across": PP ranks adjacent
+    """
     kind: str
     dp: int = 1
     tp: int = 1
