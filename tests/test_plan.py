@@ -201,3 +201,28 @@ def test_ranking_flags_a_reversed_pair(tmp_path):
     pairs = lab.ranking(tmp_path)
     assert len(pairs) == 1 and pairs[0]["held"] is False
     assert lab.summary(lab.points(tmp_path))["n"] == 2
+
+
+def test_memory_agrees_with_the_notebooks_formulas():
+    from kit.ddp.memory import formula
+    from kit.mp import model as mpm
+    # the kit's float32 SGD + momentum: params, grads, momentum K bytes each, 3K in all; ZeRO stage s keeps
+    # kit.ddp.memory.formula(s, N) of it (notebook 05)
+    for kind, stage in (("dp", 0), ("zero1", 1), ("zero2", 2), ("zero3", 3)):
+        r = run(kind, dp=4)
+        state = r["params_bytes"] + r["grads_bytes"] + r["optimizer_bytes"]
+        assert state / 12e6 == pytest.approx(formula(stage, 4))
+    # TP over 4: notebook 06's memory_per_rank (state /n, the block's inputs and outputs whole, the rest /n)
+    whole = Model(**{**M.__dict__, "tp_whole_bytes_per_sample_layer": 200})
+    r = predict(whole, C, Strategy("tp", tp=4), 16)
+    ref = mpm.memory_per_rank(1_000_000, 16 * 4 * 1000, n=4, scheme="tp", whole=16 * 4 * 200, opt_states=1)
+    assert [r[k + "_bytes"] for k in ("params", "grads", "optimizer", "activations")] == \
+        pytest.approx([ref[k] for k in ("params", "grads", "optimizer", "activations")])
+    # TP's bytes handed to allreduce for the kit's MLP block (1 allreduce forward, 1 backward per block):
+    # kit.mp.model.tp_handed_bytes(batch, hidden) = 2 · batch · d · 4; the model's per-layer allreduces carry it
+    mlp = Model(params=10, layers=1, act_bytes_per_sample_layer=0, compute_s_per_sample_layer=0,
+                boundary_bytes_per_sample=64 * 4, tp_allreduces_per_layer=2)
+    bw = Link(alpha_s=0, bandwidth_Bps=1e6)
+    r = predict(mlp, Cluster(1, 2, bw), Strategy("tp", tp=2), 32)
+    # a ring over 2 ranks sends half of what is handed each way: 2·(2−1)/2 · handed / B
+    assert r["exposed_comm_s"] == pytest.approx(mpm.ring_sent(mpm.tp_handed_bytes(32, 64), 2) / 1e6)
