@@ -107,13 +107,14 @@ def predict(model: Model, cluster: Cluster, strategy: Strategy, global_batch: fl
 
 def candidates(model: Model, cluster: Cluster) -> list[Strategy]:
     """One strategy of each kind on all the cluster's ranks: DP family dp = ranks; TP inside one host; PP over
-    min(ranks, layers) stages with m = 4p; DP×PP with a stage per host; TP×PP with TP filling each host."""
+    min(ranks, layers) stages with m = 4p; DP×PP with a stage per host and TP×PP with TP filling each host (where
+    a host has more than one rank)."""
     R, H, r = cluster.ranks, cluster.hosts, cluster.ranks_per_host
     p = min(R, model.layers)
     out = [Strategy(k, dp=R) for k in ("dp", "dp_overlap", "dp_bucketed", "zero1", "zero2", "zero3", "fsdp")]
     out += [Strategy("tp", tp=r)] if R == r else []
     out += [Strategy("pp", pp=p, microbatches=4 * p, schedule=sch) for sch in ("afab", "1f1b")]
-    if H > 1:
+    if H > 1 and r > 1:                                    # one rank per host: these are PP's row again
         out.append(Strategy("dp_pp", dp=r, pp=H, microbatches=4 * H, placement="tp_across"))
         out.append(Strategy("tp_pp", tp=r, pp=H, microbatches=4 * H))
     return out
