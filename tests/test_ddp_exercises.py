@@ -1,5 +1,6 @@
 """kit.ddp.exercises: notebook 05's graders say correct, wrong or not answered without printing the answer;
-exercise 3 runs the learner's gradient-sync class on 3 engines against one process's SGD (engines)."""
+exercise 3 runs the learner's gradient-sync class, exercise 4 its ZeRO-1 step, on 3 engines against one process's SGD
+(engines)."""
 import pytest
 
 from kit.comm import dp
@@ -122,3 +123,101 @@ def test_exercise_3_on_engines_right_wrong_and_unanswered(cluster3):
     assert "still uses dp.Buckets' own _ready, _launch;" in exercises.grade_hook(cluster3, "FinishOnly", cfg)
     assert "still uses dp.Buckets' own _ready, _launch, finish;" in exercises.grade_hook(cluster3, "SuperEach", cfg)
     assert "no 'Missing' on this engine" in exercises.grade_hook(cluster3, "Missing", cfg)
+
+
+def _report(rank, **kw):
+    """A rank's zero_with report: right unless told otherwise (3 shards)."""
+    errs = {"mean": [1e-8] * 3, "sum": [0.2] * 3, "no momentum": [0.1] * 3}
+    return {"rank": rank, "errs": dict(errs, **kw.pop("errs", {})), "apart": [0.0] * 3, "state": 100, "shard": 100,
+            "allreduces": 0, **kw}
+
+
+def test_exercise_4_verdicts_from_ranks_reports():
+    ok = [_report(r) for r in range(3)]
+    assert exercises.judge_zero(ok, 3).startswith("exercise 4: correct")
+    assert exercises.judge_zero([{"rank": r, "unanswered": True} for r in range(3)], 3) == \
+        "exercise 4: not answered yet"
+    said = exercises.judge_zero(ok[:2] + [{"rank": 2, "unanswered": True}], 3)
+    assert "rank 2 still raises NotImplementedError" in said
+    assert "raised on rank 1: ValueError: x" in exercises.judge_zero([ok[0], {"rank": 1, "error": "ValueError: x"}], 3)
+    said = exercises.judge_zero([ok[0], _report(1, apart=[0.0, 3e-3, 0.0]), ok[2]], 3)     # no all-gather
+    assert "ranks disagree: rank 1's shard 1" in said and "all-gather" in said
+    wrong = {"mean": [0.02, 0.3, 0.02]}
+    said = exercises.judge_zero([_report(r, errs=wrong) for r in range(3)], 3)
+    assert said.startswith("exercise 4: wrong") and "most in shard 1" in said and "3.0e-01" in said
+    summed = exercises.judge_zero([_report(r, errs=dict(wrong, sum=[1e-8] * 3)) for r in range(3)], 3)
+    assert "N times one process's" in summed and "mean" in summed
+    assert "without momentum" in exercises.judge_zero([_report(r, errs=dict(wrong, **{"no momentum": [0.0] * 3}))
+                                                       for r in range(3)], 3)
+    said = exercises.judge_zero([ok[0], ok[1], _report(2, state=300)], 3)
+    assert "rank 2 keeps optimizer state for 300 elements, 3.0× its shard of 100" in said and "correct" not in said
+    assert "rank 0 keeps no tensor in opt.state" in exercises.judge_zero([_report(r, state=0) for r in range(3)], 3)
+    said = exercises.judge_zero([_report(r, allreduces=3) for r in range(3)], 3)
+    assert "rank 0 called dist.all_reduce" in said and "correct" not in said
+    with pytest.raises(TypeError, match="my_zero_step"):
+        exercises.grade_zero(None, None)
+
+
+def zero_right(opt):
+    """ZeRO-1's step with torch.distributed's reduce-scatter and all-gather: rank r owns shard r."""
+    import torch
+    import torch.distributed as dist
+    mine = slice(opt.rank * opt.shard, (opt.rank + 1) * opt.shard)
+    grad = torch.empty(opt.shard)
+    dist.reduce_scatter_single(grad, opt.flat_grad)
+    grad /= opt.world
+    momentum = opt.state.setdefault("momentum", torch.zeros(opt.shard))
+    momentum.mul_(opt.mu).add_(grad)
+    opt.flat_param[mine].add_(momentum, alpha=-opt.lr)
+    dist.all_gather_single(opt.flat_param, opt.flat_param[mine].clone())
+
+
+def zero_ring(opt):
+    """Section 6's step (the kit's ring: rank r owns shard (r + 1) mod N) with its momentum in opt.state."""
+    import torch
+    from kit.comm.ring import allgather, scatter_reduce
+    mine = slice(opt.lo, opt.lo + opt.shard)
+    scatter_reduce(opt.flat_grad, opt.rank, opt.world, opt.link, opt.piece)
+    momentum = opt.state.setdefault("momentum", torch.zeros(opt.shard))
+    momentum.mul_(opt.mu).add_(opt.flat_grad[mine].div_(opt.world))
+    opt.flat_param[mine].add_(momentum, alpha=-opt.lr)
+    allgather(opt.flat_param, opt.rank, opt.world, opt.link, opt.piece)
+
+
+def zero_no_gather(opt):
+    """Every rank updates its shard; nobody sends it."""
+    import torch
+    import torch.distributed as dist
+    mine = slice(opt.rank * opt.shard, (opt.rank + 1) * opt.shard)
+    grad = torch.empty(opt.shard)
+    dist.reduce_scatter_single(grad, opt.flat_grad)
+    momentum = opt.state.setdefault("momentum", torch.zeros(opt.shard))
+    momentum.mul_(opt.mu).add_(grad / opt.world)
+    opt.flat_param[mine].add_(momentum, alpha=-opt.lr)
+
+
+def zero_full_state(opt):
+    """Plain data parallelism: the right weights, momentum for every parameter on every rank."""
+    import torch
+    import torch.distributed as dist
+    dist.all_reduce(opt.flat_grad)
+    momentum = opt.state.setdefault("momentum", torch.zeros_like(opt.flat_grad))
+    momentum.mul_(opt.mu).add_(opt.flat_grad / opt.world)
+    opt.flat_param.add_(momentum, alpha=-opt.lr)
+
+
+def zero_skeleton(opt):
+    raise NotImplementedError    # your code
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(300)
+def test_exercise_4_on_engines_right_wrong_and_unanswered(cluster3):
+    cfg = dict(sizes=(16, 24, 5), batch=8)        # 533 parameters: shards of 178 (one padding element)
+    for right in (zero_right, zero_ring):
+        assert exercises.grade_zero(cluster3, right, cfg).startswith("exercise 4: correct")
+    said = exercises.grade_zero(cluster3, zero_no_gather, cfg)
+    assert said.startswith("exercise 4: wrong: the ranks disagree") and "all-gather" in said
+    said = exercises.grade_zero(cluster3, zero_full_state, cfg)
+    assert "keeps optimizer state for 534 elements, 3.0× its shard of 178" in said
+    assert exercises.grade_zero(cluster3, zero_skeleton, cfg) == "exercise 4: not answered yet"

@@ -5,6 +5,7 @@ wrong, measured) or not answered yet, and no visible cell computes what it compa
     grade_zero2(my_held, my_sent)              # exercise 2: ZeRO-2's bytes held and sent per rank (N = 8)
     grade_hook(cluster, "MyBuckets")           # exercise 3: the learner's class, defined on the engines (%%px),
                                                # trains 3 steps; its weights against one process's SGD
+    grade_zero(cluster, my_zero_step)          # exercise 4: the learner's ZeRO-1 step, run on every engine (judge_zero)
 
 The learner's class has dp.Buckets' interface: `cls(model)` registers its hooks and sets `buckets` (lists of
 parameter indices), `finish()` runs between backward and the optimizer's step, `remove()` takes the hooks off
@@ -135,3 +136,103 @@ def grade_hook(cluster, name: str = "MyBuckets", cfg: dict | None = None, steps:
     """Exercise 3: train with the learner's class `name` (defined on every engine) and grade it."""
     cfg = dict(schemes.CFG, **(cfg or {}))
     return verdict(cluster.wait(cluster.view.apply_async(train_with, cfg, name, steps)), steps)
+
+
+def _numel(state) -> int:
+    """Elements of every tensor in `state` (dicts, lists and tuples walked)."""
+    if isinstance(state, dict):
+        return sum(_numel(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_numel(v) for v in state)
+    return int(state.numel()) if hasattr(state, "numel") else 0
+
+
+def zero_with(cfg: dict, fn, steps: int) -> dict:
+    """On every engine: `steps` steps with the learner's `fn(opt)` as the optimizer's step; `opt` is a dp.ZeroSGD
+    whose momentum is left to `fn` (opt.state starts empty). Report per shard of the padded flat parameters the
+    largest |w - w_ref| against one process on the N× batch ("mean"; "sum": its lr × N; "no momentum") and against rank
+    0's ("apart", rank 0's broadcast), the elements of opt.state's tensors, and the dist.all_reduce calls."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = schemes.make_model(cfg)
+    opt = dp.ZeroSGD(model.parameters(), cfg["lr"], cfg["momentum"])
+    opt.momentum, opt.state = None, {}
+    calls, real = [], dist.all_reduce
+    dist.all_reduce = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    try:
+        for step in range(steps):
+            x, y = schemes.batch(cfg, step, rank, world)
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            fn(opt)
+    except NotImplementedError:
+        return {"rank": rank, "unanswered": True}
+    except Exception as e:          # the learner's code: report it, do not crash the grader
+        return {"rank": rank, "error": f"{type(e).__name__}: {e}"}
+    finally:
+        dist.all_reduce = real
+
+    def shards(m):
+        return torch.cat([p.detach().reshape(-1) for p in m.parameters()]).split(opt.shard)
+    mine = shards(model)
+    theirs = torch.cat(mine)
+    dist.broadcast(theirs, 0)                                        # rank 0's parameters, to compare with
+    refs = {"mean": cfg, "sum": dict(cfg, lr=cfg["lr"] * world), "no momentum": dict(cfg, momentum=0.0)}
+    errs = {k: [float((a - b).abs().max()) for a, b in zip(mine, shards(schemes.reference(c, world, steps)))]
+            for k, c in refs.items()}
+    apart = [float((a - b).abs().max()) for a, b in zip(mine, theirs.split(opt.shard))]
+    return {"rank": rank, "errs": errs, "apart": apart, "state": _numel(opt.state),
+            "shard": opt.shard, "allreduces": len(calls)}
+
+
+def judge_zero(reports: list[dict], steps: int, tol: float = TOL) -> str:
+    """Exercise 4's verdict from every rank's `zero_with` report (ordered by rank)."""
+    if all(r.get("unanswered") for r in reports):
+        return "exercise 4: not answered yet"
+    for r in reports:
+        if r.get("unanswered"):
+            return f"exercise 4: rank {r['rank']} still raises NotImplementedError: every rank runs the same code"
+        if "error" in r:
+            return f"exercise 4: your step raised on rank {r['rank']}: {r['error']}"
+    for r in reports[1:]:
+        for s, apart in enumerate(r["apart"]):
+            if apart > tol:
+                return (f"exercise 4: wrong: the ranks disagree: rank {r['rank']}'s shard {s} of the parameters "
+                        f"differs from rank 0's after {steps} steps; each rank updates its own shard, and every rank "
+                        "needs every updated shard before the next forward (the all-gather)")
+    worst = {k: max(max(r["errs"][k]) for r in reports) for k in reports[0]["errs"]}
+    if worst["mean"] >= tol:
+        if worst["sum"] < tol:
+            return ("exercise 4: wrong: every update is N times one process's: the reduce-scatter leaves the sum of "
+                    "the N gradients of your shard, the step wants their mean")
+        if worst["no momentum"] < tol:
+            return ("exercise 4: wrong: the parameters moved as SGD without momentum: your shard's momentum must "
+                    "carry over from one step to the next (keep it in opt.state)")
+        shard = max(range(len(reports[0]["apart"])), key=lambda s: max(r["errs"]["mean"][s] for r in reports))
+        return (f"exercise 4: wrong: after {steps} steps the parameters differ from one process's SGD on the N× "
+                f"batch by up to {worst['mean']:.1e} (allowed {tol:.0e}), most in shard {shard}")
+    for r in reports:
+        if r["state"] > r["shard"]:
+            return (f"exercise 4: the parameters are right, but rank {r['rank']} keeps optimizer state for "
+                    f"{r['state']:,} elements, {r['state'] / r['shard']:.1f}× its shard of {r['shard']:,}: keep "
+                    "momentum for the shard this rank updates, and nothing more")
+        if r["state"] == 0:
+            return (f"exercise 4: the parameters are right, but rank {r['rank']} keeps no tensor in opt.state: keep "
+                    "your shard's momentum there (where the grader, and a checkpoint, look for it)")
+    called = [r["rank"] for r in reports if r["allreduces"]]
+    if called:
+        return (f"exercise 4: the parameters are right and the state sharded, but rank {called[0]} called "
+                "dist.all_reduce: every rank received the whole summed gradient; ZeRO-1 reduce-scatters it, so that "
+                "each rank receives its shard's sum only")
+    return (f"exercise 4: correct: after {steps} steps every rank's parameters equal one process's SGD with momentum "
+            f"on the N× batch (|Δw| ≤ {worst['mean']:.1e}), each rank's momentum covers its shard alone")
+
+
+def grade_zero(cluster, fn, cfg: dict | None = None, steps: int = 3) -> str:
+    """Exercise 4: train `steps` steps on every engine with `fn(opt)` as ZeRO-1's step and grade it."""
+    if not callable(fn):
+        raise TypeError(f"grade_zero: pass your function (my_zero_step), not {type(fn).__name__}")
+    cfg = dict(schemes.CFG, **(cfg or {}))
+    return judge_zero(cluster.wait(cluster.view.apply_async(zero_with, cfg, fn, steps)), steps)
