@@ -227,7 +227,7 @@ def judge_zero(reports: list[dict], steps: int, tol: float = TOL) -> str:
                 "dist.all_reduce: every rank received the whole summed gradient; ZeRO-1 reduce-scatters it, so that "
                 "each rank receives its shard's sum only")
     return (f"exercise 4: correct: after {steps} steps every rank's parameters equal one process's SGD with momentum "
-            f"on the N× batch (|Δw| ≤ {worst['mean']:.1e}), each rank's momentum covers its shard alone")
+            f"on the N× batch and each rank's momentum covers its shard alone (|Δw| ≤ {worst['mean']:.1e})")
 
 
 def grade_zero(cluster, fn, cfg: dict | None = None, steps: int = 3) -> str:
