@@ -1,5 +1,5 @@
 """kit.plan.exercises: notebook 07's graders say correct, wrong (where, which way, the mistake it matches) or not
-answered, never the right value."""
+answered, never the right value; notebook 07's lab checks (kit.plan.lab.run_checks) made to hold and to fail."""
 import re
 
 import pytest
@@ -93,3 +93,11 @@ def test_exercise_2_reference_is_the_ring_less_backward():
     assert exercises.overlap_exposed_s(4, 4e6, 8, 1e-4, 1e8, 0.02) == pytest.approx(0.0448)
     assert exercises.overlap_exposed_s(4, 4e6, 8, 1e-4, 1e8, 10.0) == pytest.approx(0.0081)
     assert ring_s(4, 4e6, Link(1e-4, 1e8), 8) == pytest.approx(0.0648)
+
+
+def test_notebook_07s_lab_checks_hold_and_fail():
+    from kit.plan.lab import run_checks
+    ok = run_checks("dp", 0.040, 0.045, 100, 100, 0.35, 0.10)
+    assert [c.held for c in ok] == [True, True] and ok[0].measured == pytest.approx(-0.111, abs=1e-3)
+    bad = run_checks("dp", 0.020, 0.045, 120, 100, 0.35, 0.10)     # −56 % and +20 %
+    assert [c.held for c in bad] == [False, False]

@@ -197,3 +197,16 @@ def ranking(results: Path = Path("results")) -> list[dict]:
                 out.append({"faster_measured": a if pa["measured_s"] < pb["measured_s"] else b,
                             "slower_measured": b if pa["measured_s"] < pb["measured_s"] else a, "held": same})
     return out
+
+
+def run_checks(kind: str, predicted_s: float, measured_s: float, predicted_bytes: float, measured_bytes: float,
+               step_bound: float, memory_bound: float) -> list:
+    """Notebook 07's checks of one strategy run on the lab: its step's error, (predicted − measured) / measured,
+    within ±step_bound; its parameters + gradients + optimizer state per rank within ±memory_bound."""
+    from kit.checks import Check
+    err = (predicted_s - measured_s) / measured_s
+    mem = (predicted_bytes - measured_bytes) / measured_bytes
+    return [Check(f"{kind}: step error, (predicted − measured) / measured", round(err, 3), f"within ±{step_bound}",
+                  abs(err) <= step_bound),
+            Check(f"{kind}: parameters + gradients + optimizer state per rank, error", round(mem, 4),
+                  f"within ±{memory_bound}", abs(mem) <= memory_bound)]
