@@ -46,6 +46,8 @@ def test_exercise_1_right_unanswered_raises():
     (lambda m, s, d: right_state(m, min(s, 1), d), ("stage 2", "too high", "the grads not divided")),
     (lambda m, s, d: right_state(m, s + 1 if s == 2 else s, d), ("stage 2", "too low", "the params divided")),
     (lambda m, s, d: right_state(m, min(s, 2), d), ("stage 3", "too high", "the params not divided")),
+    (lambda m, s, d: right_state(m, 2 if s == 1 else s, d),         # equal bytes: grads or params, both named
+     ("stage 1", "too low", "the params divided over the dp ranks, which ZeRO-1 does not shard or the grads divided")),
     (lambda m, s, d: right_state(m.__class__(**{**m.__dict__, "optimizer_bytes_per_param": m.bytes_per_param}), s, d),
      ("optimizer_bytes_per_param = 8", "too low", "the parameters' bytes per parameter")),
     (lambda m, s, d: 2 * right_state(m, s, d), ("stage 0, dp = 2", "too high")),
@@ -100,4 +102,5 @@ def test_notebook_07s_lab_checks_hold_and_fail():
     ok = run_checks("dp", 0.040, 0.045, 100, 100, 0.35, 0.10)
     assert [c.held for c in ok] == [True, True] and ok[0].measured == pytest.approx(-0.111, abs=1e-3)
     bad = run_checks("dp", 0.020, 0.045, 120, 100, 0.35, 0.10)     # −56 % and +20 %
+    assert bad[0].measured == pytest.approx(-0.556, abs=1e-3)
     assert [c.held for c in bad] == [False, False]
