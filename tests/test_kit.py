@@ -21,7 +21,8 @@ REPO_DIR = PKG.parent
 # The floors, bottom up: a module may import from its own floor or below, never above (docs/design.md).
 FLOORS = [("kit", "kit.env", "kit.sysinfo", "kit.scratch", "kit.datasets", "kit.trace", "kit.checks"), ("kit.comm",),
           ("kit.cluster", "kit.plots"),
-          ("kit.netlab", "kit.data"), ("kit.mnist", "kit.ddp", "kit.mp"), ("kit.bench",)]
+          ("kit.netlab", "kit.data"), ("kit.mnist", "kit.ddp", "kit.mp", "kit.plan"),
+          ("kit.bench",)]
 MAX_LINES = 350
 
 

@@ -5,10 +5,13 @@
     print(table(rows))
 
 describe.py: the dataclasses and PlanError; cost.py: predict, plan, table, TERMS; published.py: the published
-scaling efficiencies predicted from their papers' inputs; lab.py: the lab's committed runs predicted.
+scaling efficiencies predicted from their papers' inputs; lab.py: the lab's committed runs predicted, and notebook
+07's lab checks; exercises.py: notebook 07's graders.
 """
 from kit.plan.cost import TERMS, candidates, memory, plan, predict, table
 from kit.plan.describe import KINDS, Cluster, Link, Model, PlanError, Strategy
+from kit import _lazy_submodules
 
 __all__ = ["KINDS", "TERMS", "Cluster", "Link", "Model", "PlanError", "Strategy", "candidates", "memory", "plan",
            "predict", "table"]
+__getattr__, __dir__ = _lazy_submodules(__name__, __path__, globals())
