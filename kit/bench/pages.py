@@ -73,36 +73,37 @@ def mnist_lab(x: dict) -> list[str]:
     return [table(x), f"K = {x['gradient_bytes']:,} bytes", checks.table(claims(x))]
 
 
+def measured_on(x: dict) -> list:
+    """Return the machine's cores, PyTorch version, the date and the run's seconds."""
+    m = x["machine"]
+    return [m["cpu_cores"], m["versions"]["torch"], m["date"][:10], f"{x['seconds']:.0f}"]
+
+
 def ddp(x: dict) -> list[str]:
-    """Return the schemes table, ZeRO's stages, the Horovod note, the setup, the machine, the sweep, the checks."""
+    """Return the schemes table, ZeRO's stages, the Horovod note, the setup's numbers, the machine's, the sweep, the
+    checks."""
     from kit.checks import table as checks_table
     from kit.ddp.lessons import all_checks, alpha_rows, sweep_rows
     from kit.ddp.memory import memory_table
     from kit.ddp.horovod import horovod_rows, negotiation_rows
     from kit.ddp.schemes import md, table
-    m, cfg = x["machine"], x["cfg"]
+    cfg = x["cfg"]
     hvd = md(horovod_rows(x)) + (f"\n\n{md(negotiation_rows(x))}" if negotiation_rows(x) else "")
-    return [table(x), memory_table(x), hvd,
-            f"layer widths {tuple(cfg['sizes'])}, K = {x['K']:,} bytes of float32 parameters in {x['tensors']} "
-            f"tensors; {cfg['warmup']} warm-up and {cfg['reps']} timed steps; global batches of {x['N']} × "
-            f"{cfg['batch']} samples",
-            f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
-            f"({x['seconds']:.0f} s)",
+    return [table(x), memory_table(x), hvd, tuple(cfg["sizes"]), f"{x['K']:,}", x["tensors"], cfg["warmup"],
+            cfg["reps"], x["N"], cfg["batch"], *measured_on(x),
             md(alpha_rows(x)), md(sweep_rows(x)), checks_table(all_checks(x))]
 
 
 def ddp_lab(x: dict) -> list[str]:
-    """Return the machine, the setup, then per N: the table, the checks, the Horovod note, the timeline."""
+    """Return the machine's and the setup's numbers, then per N: the table, the checks, the Horovod note and the
+    timeline."""
     from kit.checks import table as checks_table
     from kit.ddp.lab import claims, rounds_rows, table, timeline_rows
     from kit.ddp.horovod import horovod_rows, negotiation_rows
     from kit.ddp.schemes import md
-    m, first = x["machine"], x["runs"][0]
-    out = [f"Measured on {m['cpu_cores']} CPU cores, PyTorch {m['versions']['torch']}, {m['date'][:10]} "
-           f"({x['seconds']:.0f} s)",
-           f"{first['cfg']['warmup']} warm-up and {first['cfg']['reps']} timed steps each, batch "
-           f"{first['cfg']['batch']} per rank, on the same MLP (K = {first['K']:,} bytes in {first['tensors']} "
-           "tensors)"]
+    first = x["runs"][0]
+    out = [*measured_on(x), first["cfg"]["warmup"], first["cfg"]["reps"], first["cfg"]["batch"], f"{first['K']:,}",
+           first["tensors"]]
     for run in x["runs"]:
         hvd = md(horovod_rows(run)) + (f"\n\n{md(negotiation_rows(run))}" if negotiation_rows(run) else "")
         out += [table(run), checks_table(claims(run)), hvd, f"{md(rounds_rows(run))}\n\n{md(timeline_rows(run))}"]
@@ -128,7 +129,7 @@ def elastic(x: dict) -> list[str]:
 
 
 def gpu(x: dict) -> list[str]:
-    """Return the machine, the sizing, copies, the sweep, the allreduces (docs/benchmarks/gpu.md)."""
+    """Return the machine's and the sizing's numbers, copies, the sweep, the allreduces (docs/benchmarks/gpu.md)."""
     sweep, c, m, sz = x["sweep"], x["copy_gbps"], x["machine"], x["sizing"]
     lo, hi = "0", max(sweep["False"], key=int)
 
@@ -142,10 +143,8 @@ def gpu(x: dict) -> list[str]:
                                       f"{1000 * a['seconds']:.1f} ms, {a['busbw_gbps']:.1f} GB/s bus bandwidth") + " |"
            for a in x["allreduce"]]
     ars = "\n".join(["| 64 MB allreduce, 2 engines sharing the one GPU | result |", "|---|---|", *ars])
-    return [f"one {x['gpu']}, {m['cpu_cores']} cores, Python {m['versions']['python']}, PyTorch "
-            f"{m['versions']['torch']}, Horovod {m['versions']['horovod']}",
-            f"CNN width x{sz['width']}: its step {sz['t_step_ms']:.1f} ms against a batch's loading "
-            f"{sz['t_load_ms']:.1f} ms; {x['steps']} steps per setting",
+    return [x["gpu"], m["cpu_cores"], m["versions"]["python"], m["versions"]["torch"], m["versions"]["horovod"],
+            sz["width"], f"{sz['t_step_ms']:.1f}", f"{sz['t_load_ms']:.1f}", x["steps"],
             f"{c['pageable']:.1f} GB/s | {c['pinned']:.1f} GB/s", f"W = {lo} → {hi}",
             row("samples_per_s", lambda v: f"{v:.0f}"), row("busy", lambda v: f"{100 * v:.0f}%"),
             row("gpu_util", lambda v: f"{v:.1f}%"), per_w, ars]
