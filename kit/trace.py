@@ -275,22 +275,3 @@ def device_busy(trace, within: str = STEP) -> float:
     if not kernels:
         raise ValueError("no GPU kernels in this trace: record it with CUDA activity (cuda=True) on a GPU host")
     return share(kernels, spans(trace, within))
-
-
-def agree(name: str, measured: float, reference: float, what: str, tol: float = 0.10) -> tuple[bool, str]:
-    """Compare two shares (0..1) within `tol` (absolute); return (held, a sentence saying which, and by how much)."""
-    diff = measured - reference
-    if abs(diff) <= tol:
-        return True, (f"{name} {measured:.0%} against {what} {reference:.0%}: held (within "
-                      f"{tol:.0%}, {100 * diff:+.1f} points)")
-    return False, (f"{name} {measured:.0%} against {what} {reference:.0%}: did not hold, because they differ by "
-                   f"{100 * diff:+.1f} points (more than {tol:.0%})")
-
-
-def check_nvml(trace_busy: float, nvml_util_percent: list[float], tol: float = 0.15) -> tuple[bool, str]:
-    """Check the GPU's busy share read from a trace (`device_busy`) against NVML utilisation samples (%) taken
-    over the same steps; return (held, sentence). NVML reads a 1/6 to 1 s window, so the tolerance is loose."""
-    if not nvml_util_percent:
-        return False, "no NVML samples were taken during the traced steps: nothing to check the trace against"
-    nvml = sum(nvml_util_percent) / len(nvml_util_percent) / 100
-    return agree("the trace's kernels cover", trace_busy, nvml, "NVML's utilisation", tol)

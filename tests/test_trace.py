@@ -72,24 +72,12 @@ def test_intervals_union_intersect_and_gaps():
         trace.share([(0, 1)], [])
 
 
-def test_the_checks_say_held_or_did_not_hold_with_the_difference():
-    held, text = trace.agree("the trace's wait", 0.62, 0.60, "the sweep's wait")
-    assert held and "held" in text and "+2.0 points" in text
-    held, text = trace.agree("the trace's wait", 0.30, 0.60, "the sweep's wait")
-    assert not held and "did not hold, because" in text and "-30.0 points" in text
-
-
-def test_kernels_against_nvml_with_injected_values():
+def test_device_busy_counts_kernels_and_copies():
     gpu = loading_trace()
     gpu["traceEvents"] += [event("void conv_kernel", 10, 50, tid=7, cat="kernel"),
                            event("Memcpy HtoD", 100, 20, tid=8, cat="gpu_memcpy"),
                            event("void gemm_kernel", 210, 60, tid=7, cat="kernel")]
     assert trace.device_busy(gpu) == pytest.approx(130 / 300)
-    held, text = trace.check_nvml(trace.device_busy(gpu), [40.0, 45.0, 47.0])
-    assert held, text
-    held, text = trace.check_nvml(trace.device_busy(gpu), [90.0, 95.0])
-    assert not held and "did not hold" in text
-    assert trace.check_nvml(0.4, [])[0] is False
     with pytest.raises(ValueError, match="no GPU kernels"):
         trace.device_busy(loading_trace())
 
