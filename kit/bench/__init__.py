@@ -45,7 +45,7 @@ def run(name: str, out_dir: Path, quick: bool = False, tiny: bool = False, mkdir
     parents too; else only out_dir itself, in a folder that exists)."""
     module, func = BENCHES[name].split(":")
     bench = getattr(import_module(module), func)
-    if tiny and "tiny" not in inspect.signature(bench).parameters:
+    if tiny and not has_tiny(name):
         raise ValueError(f"benchmark {name!r} has no --tiny setting: run it with --quick")
     out_dir.mkdir(parents=mkdir, exist_ok=True)
     say(f"{name}: {'tiny' if tiny else 'quick' if quick else 'full'} run")
@@ -105,20 +105,13 @@ def main(argv=None):
         from kit.bench.render import main as render
         return render(Path.cwd())
     names = list(BENCHES) if a.name == "all" else [a.name]
-    if a.name == "all" and os.geteuid() != 0:      # the lab's network namespaces need root
-        for lab_bench in LAB:
-            print(f"kit.bench: skipping {lab_bench!r} (needs root for kit.netlab; run `sudo python -m kit.bench "
-                  f"{lab_bench}`)")
-            names.remove(lab_bench)
-    if a.name == "all" and not sysinfo.gpus():
-        for gpu_bench in GPU:
-            print(f"kit.bench: skipping {gpu_bench!r} (no NVIDIA GPU here; run `python -m kit.bench {gpu_bench}` on a "
-                  "GPU host)")
-            names.remove(gpu_bench)
-    if a.name == "all" and a.tiny:
-        for name in [n for n in names if not has_tiny(n)]:
-            print(f"kit.bench: skipping {name!r} (no tiny setting)")
-            names.remove(name)
+    if a.name == "all":
+        skip = {**{n: "needs root for kit.netlab: run it with sudo" for n in LAB if os.geteuid() != 0},
+                **{n: "needs an NVIDIA GPU" for n in GPU if not sysinfo.gpus()},
+                **{n: "no tiny setting" for n in BENCHES if a.tiny and not has_tiny(n)}}
+        for name, why in skip.items():
+            print(f"kit.bench: skipping {name!r} ({why})")
+        names = [n for n in names if n not in skip]
     summaries = [run(n, a.out, a.quick, a.tiny, mkdir=a.mkdir) for n in names]
     for s in summaries:
         print(s)
