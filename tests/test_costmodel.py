@@ -213,3 +213,94 @@ def test_notebook_02s_checkers_accept_the_right_answers_and_reject_wrong_ones():
     assert ex.check_async_staleness(lambda r, s: [1.0], run, 0) == "exercise 4: wrong: 1 values for 3 workers"
     assert "raised ZeroDivisionError" in ex.check_async_staleness(lambda r, s: [1 / 0], run, 0)
     assert ex.check_async_staleness(None, run, 0) == "exercise 4: not answered yet"
+
+
+# ------------------------------------------------------------------ notebook 03, exercise 5: the ring's two phases
+def _report(rank, n=3, sums=None, sent=None, got=None, **kw):
+    """One engine's report as kit.comm.exercises._ring_phase_run writes it (right by default)."""
+    return {"rank": rank, "n": n, "sent": [(rank + 1) % n] if sent is None else sent,
+            "got": [(rank - 1) % n] if got is None else got, "used": [], "sums": sums or [True] * n, **kw}
+
+
+def test_the_ring_judge_names_the_rank_the_chunk_and_the_missing_allgather_never_the_values():
+    from kit.comm.exercises import judge_hang, judge_ring_phase
+    right = [_report(r) for r in range(3)]
+    assert judge_ring_phase("reduce-scatter", right) is None and judge_ring_phase("allgather", right) is None
+    assert judge_ring_phase("reduce-scatter", [{"rank": r, "unanswered": True} for r in range(3)]) == "unanswered"
+    # reduce-scatter: rank 1 owns chunk 2 and it is not the sum; its other chunks are not checked
+    rs = [_report(0, sums=[False, True, False]), _report(1, sums=[True, True, False]), _report(2)]
+    msg = judge_ring_phase("reduce-scatter", rs)
+    assert "wrong sum on rank 1 in chunk 2" in msg
+    # allgather missing: every rank holds only its own finished chunk
+    only_own = [_report(r, sums=[c == (r + 1) % 3 for c in range(3)]) for r in range(3)]
+    assert "the allgather is missing" in judge_ring_phase("allgather", only_own)
+    partial = [_report(0), _report(1, sums=[False, True, True]), _report(2)]
+    assert "rank 1 lacks the sum in chunk(s) [0]" in judge_ring_phase("allgather", partial)
+    # the wrong neighbour, a collective, an error, one rank unanswered
+    assert "rank 0 sent to [2]" in judge_ring_phase("reduce-scatter", [_report(0, sent=[2]), *right[1:]])
+    used = [{**right[0], "used": ["all_reduce"]}, *right[1:]]
+    assert "called dist.all_reduce" in judge_ring_phase("allgather", used)
+    assert "rank 2 raised IndexError" in judge_ring_phase(
+        "allgather", [*right[:2], {"rank": 2, "error": "IndexError: list index out of range"}])
+    assert "rank 0 still raises" in judge_ring_phase("allgather", [{"rank": 0, "unanswered": True}, *right[1:]])
+    # a hang: every rank in a blocking send is the send-first deadlock; otherwise where each waits
+    sends = {r: f"dist.send to rank {(r + 1) % 3}" for r in range(3)}
+    assert "every rank is blocked in dist.send" in judge_hang("reduce-scatter", sends, 5, 3)
+    other = judge_hang("allgather", {0: "waiting on dist.irecv from rank 1"}, 5, 3)
+    assert "deadlock" in other and "rank 0 in waiting on dist.irecv from rank 1" in other and "allgather" in other
+
+
+def ring_rs(flat):
+    import torch
+    import torch.distributed as dist
+    from kit.comm.ring_sim import chunk_bounds
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunk = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
+    for step in range(n - 1):
+        send, recv = (rank - step) % n, (rank - step - 1) % n
+        incoming = torch.empty_like(chunk[recv])
+        for q in [dist.irecv(incoming, (rank - 1) % n), dist.isend(chunk[send], (rank + 1) % n)]:
+            q.wait()
+        chunk[recv] += incoming
+
+
+def ring_ag(flat):
+    import torch.distributed as dist
+    from kit.comm.ring_sim import chunk_bounds
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunk = [flat[a:b] for a, b in chunk_bounds(flat.numel(), n)]
+    for step in range(n - 1):
+        send, recv = (rank - step + 1) % n, (rank - step) % n
+        for q in [dist.irecv(chunk[recv], (rank - 1) % n), dist.isend(chunk[send], (rank + 1) % n)]:
+            q.wait()
+
+
+def ring_send_first(flat):
+    """Wrong: a blocking send before the receive on every rank (gloo's send waits for its receiver)."""
+    import torch
+    import torch.distributed as dist
+    rank, n = dist.get_rank(), dist.get_world_size()
+    incoming = torch.empty_like(flat[:1])
+    dist.send(flat[:1], (rank + 1) % n)
+    dist.recv(incoming, (rank - 1) % n)
+
+
+def ring_unanswered(flat):
+    raise NotImplementedError
+
+
+@pytest.mark.engines
+@pytest.mark.timeout(300)   # the deadlock restarts the 3 engines: a minute on a busy 2-core machine
+def test_real_ring_submissions_get_their_verdicts_and_a_deadlock_restarts_the_engines(cluster3):
+    from kit.comm.exercises import grade_ring
+    assert grade_ring(cluster3, ring_unanswered, ring_unanswered) == "exercise 5: not answered yet"
+    assert grade_ring(cluster3, ring_rs, ring_ag).startswith("exercise 5: correct")
+    assert "the allgather is missing" in grade_ring(cluster3, ring_rs, lambda flat: None)
+    assert "wrong sum on rank 0 in chunk 1" in grade_ring(cluster3, ring_ag, ring_ag)   # the allgather's indices
+    assert grade_ring(cluster3, ring_rs, ring_unanswered) == "exercise 5: reduce-scatter right; allgather not " \
+                                                              "answered yet"
+    hang = grade_ring(cluster3, ring_send_first, ring_ag, wait=5)
+    assert "reduce-scatter: deadlock" in hang and "every rank is blocked in dist.send" in hang
+    from conftest import importable
+    importable(cluster3)                 # fresh engines: let them import this module again
+    assert grade_ring(cluster3, ring_rs, ring_ag).startswith("exercise 5: correct")     # the group works again
