@@ -37,18 +37,19 @@ def ps(x: dict) -> list[str]:
         plain = r["measured_ms"] / r["predicted_one_host_ms"] - 1
         model.append(f"| {r['N']} | {r['k']} | {r['K'] / 1e6:.1f} | {r['empty_ms']:.2f} | {r['measured_ms']:.1f} | "
                      f"{r['predicted_ms']:.1f} | {r['error']:+.0%} | {r['predicted_one_host_ms']:.1f} | {plain:+.0%} |")
-    return ["\n".join(bytes_rows), "\n".join(model), f"K = {x['training'][0]['K']:,} bytes"]
+    return ["\n".join(bytes_rows), "\n".join(model), f"{x['training'][0]['K']:,}"]
 
 
 def allreduce(x: dict) -> list[str]:
-    """Return the busbw table, the fusion table, the model's points (docs/benchmarks/allreduce.md)."""
+    """Return the busbw table, the fusion table, the model's size (MB) and points, α (µs), B (GB/s)
+    (docs/benchmarks/allreduce.md)."""
     from kit.bench.allreduce import readme_table
     fusion = ["| 100 tensors of 4 KB | one by one | in one call |", "|---|---|---|"]
     fusion += [f"| {impl} | {1e3 * t['one_by_one']:.1f} ms | {1e3 * t['fused']:.1f} ms |"
                for impl, t in x["fusion_100x4KB_s"].items()]
     ring = ", ".join(f"N = {n}: {1e3 * s:.1f} ms" for n, s in x["model_points"]["kit ring"].items())
-    ab = f"α = {x['alpha_s'] * 1e6:.0f} µs and B = {x['B_bytes_per_s'] / 1e9:.2f} GB/s"
-    return [readme_table(x), "\n".join(fusion), f"{x['model_bytes'] >> 20} MB", ring, ab]
+    return [readme_table(x), "\n".join(fusion), x["model_bytes"] >> 20, ring, f"{x['alpha_s'] * 1e6:.0f}",
+            f"{x['B_bytes_per_s'] / 1e9:.2f}"]
 
 
 def network(x: dict) -> list[str]:
@@ -70,7 +71,7 @@ def mnist_lab(x: dict) -> list[str]:
     """Return the scaling table, K, the lab section's checks (docs/benchmarks/mnist_lab.md)."""
     from kit import checks
     from kit.mnist.lab import claims, table
-    return [table(x), f"K = {x['gradient_bytes']:,} bytes", checks.table(claims(x))]
+    return [table(x), f"{x['gradient_bytes']:,}", checks.table(claims(x))]
 
 
 def measured_on(x: dict) -> list:
@@ -125,7 +126,7 @@ def elastic(x: dict) -> list[str]:
                     f"{run['final_accuracy']:.3f} |")
     head = ("| run | h1 carried on, after the cut | batches lost | h2 rejoined, after the restore | training paused at "
             "the rejoin | batches at size 1 / 2 | last epoch's training accuracy |\n|---|---|---|---|---|---|---|")
-    return ["\n".join([head, *rows]), f"Gloo timeout of {x['gloo_timeout_s']} s"]
+    return ["\n".join([head, *rows]), x["gloo_timeout_s"]]
 
 
 def gpu(x: dict) -> list[str]:
