@@ -43,11 +43,6 @@ def ring_sent(handed: float, n: int) -> float:
     return 2 * (n - 1) / n * handed if n > 1 else 0.0
 
 
-def pp_sent(batch: int, hidden: int, itemsize: int = 4) -> int:
-    """Return the bytes one pipeline boundary carries per step: the activations forward, their gradients back."""
-    return 2 * batch * hidden * itemsize
-
-
 def memory_per_rank(params: int, activations: int, *, n: int = 1, scheme: str = "dp", whole: int | None = None,
                     itemsize: int = 4, opt_states: int = 2) -> dict:
     """Return bytes per rank of params, grads, optimizer state and activations for `scheme` over n ranks, all on
