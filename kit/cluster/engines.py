@@ -116,10 +116,17 @@ def engine_env(slot, *, gpus: list[str], threads: int, timeout: float, folder: s
         **stall.horovod_env(whole_seconds(timeout)),
     }
     if folder:
-        from kit.cluster.launchers import cache_env
         env.update(TMPDIR=os.path.join(folder, "tmp"), KIT_STALL_DIR=os.path.join(folder, "stall"),
                    **cache_env(os.path.join(folder, "tmp")))
     return {k: str(v) for k, v in env.items()}
+
+
+def cache_env(tmp: str) -> dict[str, str]:
+    """Return the variables that put torch.compile's caches (Inductor's, Triton's) in `tmp`, a private folder,
+    not in $TMPDIR/torchinductor_<user>, a name anyone can take first."""
+    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "torchinductor"),
+            "TRITON_CACHE_DIR": os.path.join(tmp, "triton")}
+
 
 
 # ----------------------------------------------------------------------------------- the notebook side

@@ -76,19 +76,12 @@ def bound(ipp_cluster, deadline: float):
                                              {"launcher_class": type(f"Kit{one.__name__}", (one,), {"start": start})})
 
 
-def cache_env(tmp: str) -> dict[str, str]:
-    """Return the variables that put torch.compile's caches (Inductor's, Triton's) in `tmp`, a private folder,
-    not in $TMPDIR/torchinductor_<user>, a name anyone can take first."""
-    return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "torchinductor"),
-            "TRITON_CACHE_DIR": os.path.join(tmp, "triton")}
-
-
 def set_environment(config, tmp: str):
     """Give every process ipyparallel starts (controller, engines, mpiexec) TMPDIR=tmp (made here), torch.compile's
     caches in it (cache_env), and Python's fault handler: an engine that crashes (a signal, a C++ abort in a
     framework) writes the reason and its threads' stacks to its output, which a RankDiedError then quotes."""
     os.makedirs(tmp, exist_ok=True)
-    extra = {"TMPDIR": tmp, "PYTHONFAULTHANDLER": "1", **cache_env(tmp)}
+    extra = {"TMPDIR": tmp, "PYTHONFAULTHANDLER": "1", **engines.cache_env(tmp)}
     config.BaseLauncher.environment = dict(extra)
     for section in list(config.values()):
         if hasattr(section, "get") and isinstance(section.get("environment"), dict):
