@@ -177,7 +177,7 @@ def test_the_readme_lists_every_benchmark_of_the_registry():
     assert len(re.findall(r"!\[[^\]]*\]\(results/\w+\.png\)", section)) == 2, "two figures"
 
 
-def test_a_results_line_is_short_and_says_why_a_check_did_not_hold(monkeypatch):
+def test_a_results_line_is_short_and_gives_a_failed_checks_numbers(monkeypatch):
     from kit.bench import render
     from kit.checks import Check
     x = {"summary": "ddp_lab: N=3 gloo engines; " + "; ".join(f"clause {i} " + "x" * 40 for i in range(9)),
@@ -185,10 +185,10 @@ def test_a_results_line_is_short_and_says_why_a_check_did_not_hold(monkeypatch):
     monkeypatch.setattr(render, "failed_checks", lambda name, x: [])
     line = render.readme_line("ddp_lab", x)
     assert len(line.split(": ", 1)[1]) <= render.README_LINE and "clause 0" in line and "clause 8" not in line
-    bad = Check("overlap", measured="1.3×", bound="≤ 1.15×", held=False, reason="no free core; more text")
+    bad = Check("overlap", measured=1.3, bound="≤ 1.15", held=False, unit="×")
     monkeypatch.setattr(render, "failed_checks", lambda name, x: [bad])
     line = render.readme_line("ddp_lab", x)
-    assert line.endswith("; **overlap** did not hold at N = 3: no free core")
+    assert line.endswith("; **overlap** did not hold at N = 3: 1.30× (bound ≤ 1.15)"), line
     assert len(line.split(": ", 1)[1]) <= render.README_LINE
 
 

@@ -51,14 +51,14 @@ def failed_checks(name: str, x: dict) -> list:
 
 
 def readme_line(name: str, x: dict) -> str:
-    """Return the README's results line of a benchmark: each check that did not hold with its reason (the first
-    clause of it), after as many of the summary's first clauses as fit in README_LINE characters (at least one);
-    a summary clause that says something did not hold is always kept."""
+    """Return the README's results line of a benchmark: each check that did not hold with its numbers, after as
+    many of the summary's first clauses as fit in README_LINE characters (at least one); a summary clause
+    that says something did not hold is always kept."""
     clauses = top_level_clauses(x["summary"])
     failed = failed_checks(name, x)
     where = f" at N = {x['runs'][-1]['N']}" if name == "ddp_lab" and failed else ""
-    tail = "".join(f"; **{c.name}** did not hold{where}: " + (c.reason.split("; ")[0] if c.reason else
-                   f"{fmt(c.measured, c.unit)} (bound {fmt(c.bound, c.unit)})") for c in failed)
+    tail = "".join(f"; **{c.name}** did not hold{where}: {fmt(c.measured, c.unit)} (bound {fmt(c.bound, c.unit)})"
+                   for c in failed)
     head = clauses[0].removeprefix(f"{name}: ").removeprefix(f"{name} ")
     for c in clauses[1:]:
         if "did not hold" in c or "FAILED" in c:
