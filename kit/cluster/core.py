@@ -13,17 +13,16 @@ Arguments are checked in ``kit.cluster.checks``; a stopped or broken cluster ref
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 
 from kit import env, scratch, sysinfo
-from kit.cluster import engines, guard, launchers, live, remote, stall
+from kit.cluster import engines, guard, launchers, live, remote, stall, waiting
 from kit.cluster import slurm as kit_slurm
 from kit.cluster.checks import ArgumentError, Hosts, check_local_ip, check_start
 from kit.cluster.devices import plan_devices, threads_per_engine
 from kit.cluster.engines import engine_env
-from kit.cluster.guard import ClusterStoppedError, StallError
+from kit.cluster.guard import ClusterStoppedError
 from kit.cluster.launchers import LAUNCHERS, LOCALHOST, ClusterError, assign_slots, launcher
 
 BACKENDS = tuple(LAUNCHERS)
@@ -162,41 +161,8 @@ class Cluster(guard.Refusing):
     def wait(self, async_result, timeout: float | None = None):
         """Return an AsyncResult's value; if an engine died (or its host is cut off), raise RankDiedError naming it;
         if a rank never joined a collective the others wait in, StallError naming it (after `self.timeout`); if the
-        controller died, ControllerDiedError."""
-        from ipyparallel import AsyncResult
-        from ipyparallel.error import EngineError, RemoteError   # RemoteError: also CompositeError (a view)
-        self._usable()
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not math.isfinite(timeout) or timeout < 0):
-            raise ArgumentError(f"cluster.wait: timeout={timeout!r} is not allowed: None (wait until it is done) "
-                                "or a finite number of seconds >= 0")
-        if not isinstance(async_result, AsyncResult) or async_result._client is not self._client:
-            raise ArgumentError(f"cluster.wait: async_result={async_result!r:.60} is not allowed: an AsyncResult of "
-                                "this cluster (what its view's apply_async or execute returns)")
-        deadline = None if timeout is None else time.time() + timeout
-        while not async_result.ready() and (deadline is None or time.time() < deadline):
-            if self._controller is not None:
-                raise self.refusal()
-            # dead engines: noted as they exit (_watch_engines); behind a cut link: looked for once a part failed
-            failed = any(isinstance(self._client.results.get(m), Exception) for m in async_result.msg_ids)
-            lost = self.launcher.lost_now(self.slots, after=self.timeout / 2) if self.slots else {}
-            if lost or self.dead or (failed and self.poll_dead()):
-                raise self.died_error(lost)
-            async_result.wait(1.0 if deadline is None else max(0.0, min(1.0, deadline - time.time())))
-        try:
-            return async_result.get(timeout=0 if deadline is not None else None)
-        except (RemoteError, EngineError) as e:
-            # ipyparallel may call an engine dead (missed heartbeats: one the OOM killer is reclaiming stalls) a
-            # moment before its process is gone: give the process a few seconds to end before calling it alive.
-            names = {type(e).__name__, getattr(e, "ename", "")} | {x[0] for x in getattr(e, "elist", []) if x}
-            until = time.time() + (10 if "EngineError" in names else 0)
-            while not self.poll_dead() and time.time() < until:
-                time.sleep(0.2)
-            if self.dead:
-                raise self.died_error() from e
-            if self.stall is not None:
-                raise StallError(self.stall.message()) from e
-            raise
+        controller died, ControllerDiedError. (kit.cluster.waiting)"""
+        return waiting.wait(self, async_result, timeout)
 
     @property
     def stall(self) -> "stall.Stall | None":
@@ -206,21 +172,7 @@ class Cluster(guard.Refusing):
 
     def poll_dead(self) -> dict[int, str]:
         """Check every engine process now; return {rank: what happened} for those that died (first first)."""
-        import psutil
-        self._usable()
-        for rank, pid in (self._pids or {}).items():
-            if rank in self.dead:
-                continue
-            try:
-                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            except psutil.Error:
-                gone = True
-            if gone:
-                self.dead[rank] = self._how_it_died(rank)
-        if self.slots and self._state == "running" and len(self.dead) < self.n:
-            for rank, why in self.launcher.lost_ranks(self.slots).items():
-                self.dead.setdefault(rank, why)
-        return self.dead
+        return waiting.poll_dead(self)
 
     def __enter__(self):
         return self.start()
@@ -347,10 +299,7 @@ class Cluster(guard.Refusing):
         self._stop_w = engines.watch_deaths({r: p for r, p in self._pids.items() if r in self._here}, died)
 
     def _how_it_died(self, rank: int) -> str:
-        pid = self._pids[rank]
-        said = engines.last_output(self._outputs.get(pid, ""), since=self._marks.get(pid, 0))   # this task's words
-        why = engines.how_it_died(pid, self._procs.get(pid, 0), output=said)
-        return f"engine {next(e for e, s in self.slots.items() if s.rank == rank)} (pid {pid}) {why}"
+        return waiting.how_it_died(self, rank)
 
     def _new_processes(self) -> dict[int, int]:
         return {p: c for p, c in engines.descendants().items() if p not in self._before}
