@@ -56,8 +56,7 @@ def problem(path: str, st: os.stat_result, uid: int | None = None) -> str | None
     """Return what makes `path` (its lstat `st`) not a private folder of `uid` (default: this user), or None."""
     uid = os.getuid() if uid is None else uid
     if stat.S_ISLNK(st.st_mode):
-        return f"{path} is a symbolic link (to {os.readlink(path)!r}), not a folder: whoever made it decides " \
-               f"where the kit would write"
+        return f"{path} is a symbolic link (to {os.readlink(path)!r}), not a folder"
     if not stat.S_ISDIR(st.st_mode):
         return f"{path} is not a folder"
     if st.st_uid != uid:
@@ -80,9 +79,8 @@ def _check_parent(parent: str):
     except OSError as e:
         raise ScratchError(f"the temp dir {parent} cannot be used ({e.strerror}): set TMPDIR to a folder of yours")
     if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-        raise ScratchError(f"the temp dir {parent} is writable by other users and has no sticky bit (mode "
-                           f"{stat.S_IMODE(st.st_mode):04o}): another user could swap the kit's folder in it. Set "
-                           f"TMPDIR to a folder of your own (or `chmod +t {parent}`)")
+        raise ScratchError(f"the temp dir {parent} is writable by others and not sticky (mode "
+                           f"{stat.S_IMODE(st.st_mode):04o}): set TMPDIR to a folder of yours (or `chmod +t {parent}`)")
 
 
 def _open_root(create: bool) -> int | None:
@@ -126,10 +124,8 @@ def private_root() -> str:
 
 def started(pid: int) -> int | None:
     """Return when process `pid` started, in clock ticks since boot (/proc/PID/stat), or None if there is no such
-    process: with the pid, a name for one process that pid reuse cannot fake. Not psutil's create_time: that is
-    boot time + ticks in wall-clock seconds, and a step of the wall clock (a VM whose clock is adjusted) changed it
-    between two reads, so a live owner looked dead and its engines were ended (a failed dry run: every engine of a
-    running cluster exited at once), and a cluster's stop skipped engines it should have ended."""
+    process: with the pid, a name for one process that pid reuse cannot fake. Not psutil's create_time: a step of
+    the wall clock changes it between two reads, and a live owner looks dead."""
     try:
         return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
     except OSError:
