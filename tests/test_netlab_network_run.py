@@ -44,10 +44,10 @@ def test_the_benchmark_page_renders_this_run_and_runs_from_before_the_one_link_m
     K = max(x["sizes"])
     page = readme_tables(x, K, small_reps=30)
     assert "3 timed calls per point (4 KB: 30)." in page and "| α ping-pong (µs) | α bare socket (µs) |" in page
-    assert "**Small messages, K = 4 KB: latency.** Median ms per step (30 calls each)" in page
+    assert "At K = 4 KB, median of 30 calls; α = " in page and "| ring / 2(N−1) (µs) | (N−2)·α > (N−1)·o |" in page
     old = {k: v for k, v in x.items() if k not in ("link", "latency")}              # a run before 2026-12-06
     page = readme_tables(old, K)
-    assert "| N | α (µs) | B ping-pong (MB/s) |" in page and "bare socket" not in page and "Small messages" not in page
+    assert "| N | α (µs) | B ping-pong (MB/s) |" in page and "bare socket" not in page and "At K = 4 KB" not in page
     no_socket = {**x, "link": {k: v for k, v in x["link"].items() if not k.startswith("socket")}}
     page = readme_tables(no_socket, K)
     assert "| not measured |" in page and "the link's own latency" not in page
