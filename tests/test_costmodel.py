@@ -217,7 +217,7 @@ def test_notebook_02s_checkers_accept_the_right_answers_and_reject_wrong_ones():
 
 # ------------------------------------------------------------------ notebook 03, exercise 5: the ring's two phases
 def _report(rank, n=3, sums=None, sent=None, got=None, **kw):
-    """One engine's report as kit.comm.exercises._ring_phase_run writes it (right by default)."""
+    """One engine's report as kit.comm.ring_exercise._ring_phase_run writes it (right by default)."""
     return {"rank": rank, "n": n, "sent": [(rank + 1) % n] if sent is None else sent,
             "got": [(rank - 1) % n] if got is None else got, "used": [], "sums": sums or [True] * n, **kw}
 
