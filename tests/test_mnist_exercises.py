@@ -1,5 +1,6 @@
 """Notebook 04's exercise checkers (kit.mnist.exercises) and the lab section's checks (kit.mnist.lab.claims): each
-grader says correct, wrong or not answered, never the answer; each check can fail and says why."""
+grader says correct, wrong or not answered, never the answer; each check can fail and says why. Exercise 4's
+judge is fed made-up engine reports; one engines test runs real submissions through the real path on 2 engines."""
 import copy
 import json
 from pathlib import Path
@@ -7,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import engines_job
 from kit.checks import table
 from kit.mnist import exercises
 from kit.mnist import lab as mnist_lab
@@ -92,3 +94,83 @@ def test_lab_claims_fail_when_the_exchange_hid_or_a_worker_waited():
     waited = run_like(BENCH, slow_step=one + 1.5 * ar, fast_step=one + 0.2 * ar, busy=(0.99, 0.6))
     gap, only = mnist_lab.claims(waited)
     assert gap.held and not only.held and "**no**" in table([only])
+
+
+def ex4_report(rank, lr=0.02, kinds=("BroadcastGlobalVariablesCallback",), digests=("a", "b"), **more):
+    """An engine report of exercise 4 (2 ranks, base_lr 0.01): compiled, its lr, its callbacks, its step digests."""
+    return {"rank": rank, "size": 2, "compiled": True, "lr": lr, "kinds": list(kinds), "digests": list(digests),
+            **more}
+
+
+def test_exercise_4_judged_without_the_answer():
+    right = [ex4_report(0), ex4_report(1)]
+    assert exercises.judge_4(right).startswith("exercise 4: correct")
+    unanswered = [{"rank": 0, "unanswered": True}, {"rank": 1, "unanswered": True}]
+    assert exercises.judge_4(unanswered) == "exercise 4: not answered yet"
+    assert "rank 1 still raises" in exercises.judge_4([ex4_report(0), {"rank": 1, "unanswered": True}])
+    assert "rank 0 raised KeyError" in exercises.judge_4([{"rank": 0, "error": "KeyError: 'x'"}, ex4_report(1)])
+    assert "not compiled" in exercises.judge_4([ex4_report(0), {**ex4_report(1), "compiled": False}])
+    assert "other callbacks than rank 0" in exercises.judge_4([ex4_report(0), ex4_report(1, kinds=())])
+    unscaled = exercises.judge_4([ex4_report(0, lr=0.01), ex4_report(1, lr=0.01)])
+    assert "not scaled by the number of workers" in unscaled
+    no_broadcast = exercises.judge_4([ex4_report(0, kinds=()), ex4_report(1, kinds=(), digests=("c", "d"))])
+    assert no_broadcast.startswith("exercise 4: wrong: rank 1 did not start from rank 0's weights: the broadcast")
+    not_averaged = exercises.judge_4([ex4_report(0), ex4_report(1, digests=("a", "e"))])
+    assert "after step 2" in not_averaged and "not averaged" in not_averaged
+    for verdict in (unscaled, no_broadcast, not_averaged):
+        assert "0.02" not in verdict and "DistributedOptimizer" not in verdict and "Callback" not in verdict
+    with pytest.raises(TypeError, match="pass your function"):
+        exercises.check_exercise_4(None, None)
+
+
+# -------------------------------------------------------------------------------- the real path, on 2 engines
+@pytest.fixture(scope="module")
+def pair():
+    yield from engines_job(2, timeout=60)
+
+
+def horovodize_right(model, base_lr):
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+    model.compile(loss="sparse_categorical_crossentropy",
+                  optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.Adam(base_lr * hvd.size())))
+    return [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+
+
+def horovodize_unscaled(model, base_lr):
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+    model.compile(loss="sparse_categorical_crossentropy",
+                  optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.Adam(base_lr)))
+    return [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+
+
+def horovodize_no_broadcast(model, base_lr):
+    return horovodize_right(model, base_lr)[:0]
+
+
+def horovodize_not_averaged(model, base_lr):
+    import horovod.tensorflow.keras as hvd
+    import tensorflow as tf
+    model.compile(loss="sparse_categorical_crossentropy", optimizer=tf.keras.optimizers.Adam(base_lr * hvd.size()))
+    return [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+
+
+def horovodize_rank0_only(model, base_lr):
+    import horovod.tensorflow.keras as hvd
+    return horovodize_right(model, base_lr) if hvd.rank() == 0 else horovodize_no_broadcast(model, base_lr)
+
+
+def unanswered(model, base_lr):
+    raise NotImplementedError
+
+
+@pytest.mark.engines
+def test_exercise_4_real_submissions_on_the_engines(pair):
+    assert exercises.check_exercise_4(pair, horovodize_right).startswith("exercise 4: correct")
+    assert "not scaled" in exercises.check_exercise_4(pair, horovodize_unscaled)
+    assert "the broadcast is missing" in exercises.check_exercise_4(pair, horovodize_no_broadcast)
+    assert "not averaged" in exercises.check_exercise_4(pair, horovodize_not_averaged)
+    assert "other callbacks than rank 0" in exercises.check_exercise_4(pair, horovodize_rank0_only)
+    assert exercises.check_exercise_4(pair, unanswered) == "exercise 4: not answered yet"
+    assert exercises.check_exercise_4(pair, horovodize_right).startswith("exercise 4: correct")     # still usable

@@ -4,6 +4,7 @@ which part) or not answered yet, never the answer.
     print(exercises.check_exercise_1(cluster.view, drift))            # on the engines: step 5 left out
     print(exercises.check_exercise_2(steps, images))                  # steps per rank, images in 12 epochs
     print(exercises.check_exercise_3(CKPT_DIR, epoch))                # the epoch resume() loads after a corruption
+    print(exercises.check_exercise_4(cluster, horovodize))            # on the engines: steps 3-5 in a function
 """
 from __future__ import annotations
 
@@ -110,3 +111,94 @@ def check_exercise_3(ckpt_dir, resume_epoch) -> str:
     if found is None:
         return f"exercise 3: {'correct' if resume_epoch == 0 else 'wrong'} {said}"
     return f"exercise 3: {'correct' if resume_epoch == found['epoch'] else 'wrong'} {said}"
+
+
+EX4 = dict(base_lr=0.01, batch=8, steps=2)          # exercise 4's run: two steps of 8 rank-dependent samples
+
+
+def _run_horovodize(fn) -> dict:
+    """On an engine: a tiny model with this rank's own random weights, the learner's `fn(model, base_lr)`, then two
+    steps of `fit` on this rank's own data (only when every rank's fn returned the same kinds of callbacks, so
+    that no rank waits in a collective the others skip); report the learning rate and each step's weights."""
+    import horovod.tensorflow as htf
+    import horovod.tensorflow.keras as hvd
+    import numpy as np
+    from kit.mnist.model import weights_digest
+    from kit.mnist.tfimport import import_tf_quietly
+    tf = import_tf_quietly()
+    hvd.init()
+    for name, mod in (("hvd", hvd), ("tf", tf)):      # the names the notebook's engines have, for the learner's fn
+        getattr(fn, "__globals__", {}).setdefault(name, mod)
+    rank = hvd.rank()
+    tf.keras.utils.set_random_seed(400 + rank)        # every rank starts from its own weights
+    model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(6, activation="relu", name="ex4_in"),
+                                 tf.keras.layers.Dense(3, name="ex4_out")], name="ex4")
+    report: dict = {"rank": rank, "size": hvd.size()}
+    try:
+        callbacks = fn(model, EX4["base_lr"])
+        callbacks = list(callbacks) if callbacks is not None else []
+        opt = getattr(model, "optimizer", None)
+        report["compiled"] = opt is not None
+        if opt is not None:
+            report["lr"] = float(tf.keras.backend.get_value(opt.learning_rate))
+            report["kinds"] = sorted(type(c).__name__ for c in callbacks)
+    except NotImplementedError:
+        report["unanswered"] = True
+    except Exception as e:                            # the learner's error, reported with its rank
+        report["error"] = f"{type(e).__name__}: {e}"
+    every = htf.allgather_object(report.get("kinds"))     # every rank gets here: fit only if all can
+    if report.get("kinds") is None or any(k != every[0] for k in every):
+        return report
+    digests: list[str] = []
+    record = tf.keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: digests.append(weights_digest(model)))
+    rng = np.random.default_rng(rank)
+    n = EX4["batch"] * EX4["steps"]
+    x, y = rng.normal(size=(n, 8)).astype("float32"), rng.integers(0, 3, n)
+    model.fit(x, y, batch_size=EX4["batch"], epochs=1, shuffle=False, verbose=0, callbacks=callbacks + [record])
+    return {**report, "digests": digests}
+
+
+def judge_4(reports: list[dict], base_lr: float = EX4["base_lr"]) -> str:
+    """Exercise 4's verdict from every engine's report (ordered by rank): compiled, the learning rate scaled by
+    the number of workers, the ranks identical after the first step (rank 0's start broadcast) and after every
+    later one (the gradients averaged)."""
+    if all(r.get("unanswered") for r in reports):
+        return "exercise 4: not answered yet"
+    for r in reports:
+        if r.get("unanswered"):
+            return f"exercise 4: rank {r['rank']} still raises NotImplementedError: every rank runs the same code"
+        if "error" in r:
+            return f"exercise 4: rank {r['rank']} raised {r['error']}"
+        if not r["compiled"]:
+            return f"exercise 4: wrong: rank {r['rank']}'s model is not compiled: compile it with your optimizer"
+    for r in reports[1:]:
+        if r["kinds"] != reports[0]["kinds"]:
+            return (f"exercise 4: wrong: rank {r['rank']} returned other callbacks than rank 0: every rank must take "
+                    "part in the same collectives (not trained, so that no rank waits forever)")
+    for r in reports:
+        if abs(r["lr"] - base_lr * r["size"]) > 1e-6 * base_lr * r["size"]:
+            return "exercise 4: wrong: the learning rate is not scaled by the number of workers (step 3)"
+    for step in range(len(reports[0]["digests"])):
+        for r in reports[1:]:
+            if r["digests"][step] != reports[0]["digests"][step]:
+                if step == 0:
+                    return (f"exercise 4: wrong: rank {r['rank']} did not start from rank 0's weights: the broadcast "
+                            "is missing (step 5)")
+                return (f"exercise 4: wrong: rank {r['rank']}'s weights differ from rank 0's after step {step + 1}: "
+                        "the gradients are not averaged across the ranks (step 4)")
+    return f"exercise 4: correct: the same weights on all {len(reports)} ranks after every step, the rate scaled"
+
+
+def check_exercise_4(cluster, fn, wait: float = 120.0) -> str:
+    """Grade exercise 4 on the engines of `cluster`: `fn(model, base_lr)` compiles the model for Horovod and returns
+    the callbacks fit needs. A run that hangs is named, and the engines are restarted."""
+    if not callable(fn):
+        raise TypeError(f"check_exercise_4: pass your function (horovodize), not {type(fn).__name__}")
+    from ipyparallel.error import TimeoutError as NoReply
+    try:
+        reports = cluster.wait(cluster.view.apply_async(_run_horovodize, fn), timeout=wait)
+    except NoReply:
+        cluster.restart()
+        return (f"exercise 4: wrong: no rank finished in {wait:.0f} s, the ranks wait in a collective some rank never "
+                "calls; the engines were restarted (their variables are gone)")
+    return judge_4(sorted(reports, key=lambda r: r["rank"]))
