@@ -468,8 +468,10 @@ def test_bench_loading_smoke_run_at_a_tiny_size(tmp_path, no_leaks):
     for name in doc["traces"]["files"]:
         tr = trace.load(tmp_path / name)
         assert trace.invalid_events(tr) == [] and trace.data_wait(tr)["steps"] == doc["traces"]["active_steps"]
-    assert doc["traces"]["text"].startswith("num_workers=0: the trace's data-wait share")
-    assert doc["summary"].endswith("held" if doc["traces"]["held"] else "did NOT hold")
+    names = [c["name"] for c in doc["traces"]["checks"]]
+    assert names[0] == "W=0: trace's data-wait share" and len(names) == len(doc["traces"]["files"])
+    assert doc["traces"]["held"] == all(c["held"] for c in doc["traces"]["checks"])
+    assert "checks: " in doc["summary"] and all(n in doc["summary"] for n in names)
 
 
 def test_benchmarks_leave_the_matplotlib_backend_alone():
